@@ -1,0 +1,286 @@
+"""Fleet file (`narwhal.fleet` v2) → frozen pydantic models. Every default lives here.
+
+A Narwhal 0.7.0 fleet file is accepted unchanged. Keys of subsystems this router does not
+implement (``slo``, ``profiles``, ``engine.tokenize``, role-controller settings under
+``controller``, ``serving.admission``) are accepted and reported once as unused; any other
+unknown key is an error naming the key and the file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+log = logging.getLogger("narwhal.config")
+
+Role = Literal["prefill", "decode"]
+RestartPolicy = Literal["individual", "whole_wave"]
+
+CONTRACT_FIELDS: tuple[str, ...] = (
+    "engine_version",
+    "image_digest",
+    "transfer_version",
+    "connector_version",
+    "model_architecture",
+    "model_dtype",
+    "kv_heads",
+    "head_size",
+    "hidden_layers",
+    "attention_backend",
+    "kv_cache_dtype",
+    "cross_layers_blocks",
+    "hybrid_kv_cache_manager",
+    "connector",
+    "kv_role",
+    "transfer_mode",
+    "speculative_config",
+    "enforce_handshake_compat",
+)
+LEGACY_CONTRACT_NAMES = {
+    "vllm_version": "engine_version",
+    "nixl_version": "transfer_version",
+    "nixl_connector_version": "connector_version",
+}
+# Controller keys we implement; any other controller key is a role-controller setting (unused).
+_CONTROLLER_KEYS = {"monitor_interval_s", "monitor_failure_limit", "min_prefill", "min_decode"}
+
+
+class ConfigError(ValueError):
+    """A fleet file that cannot be used; the message names the file and the key."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EngineSpec(_Frozen):
+    iid: str = Field(min_length=1)
+    url: str = Field(min_length=1)
+    role: Role = "decode"
+    pin: bool = False
+    attestation_url: str = ""
+    shared_device: str | None = None
+
+    @field_validator("url", "attestation_url")
+    @classmethod
+    def _strip_slash(cls, v: str) -> str:
+        return v.rstrip("/")
+
+
+class EngineSettings(_Frozen):
+    backend: Literal["vllm"] = "vllm"
+    connector: Literal["nixl"] = "nixl"
+    dialect: Literal["vllm"] = "vllm"
+    health_timeout_s: float = Field(default=5.0, gt=0)
+    first_token_timeout_s: float = Field(default=2.5, gt=0)
+    decode_read_timeout_s: float = Field(default=10.0, gt=0)
+    engine_api_key_env: str = ""
+    tokenize: bool = True  # accepted, unused: exact sizing via /tokenize is not implemented
+
+
+class ServingSettings(_Frozen):
+    model_config = ConfigDict(frozen=True, extra="allow")
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    prefill_timeout_s: float = Field(default=120.0, gt=0)
+    max_connections: int = Field(default=768, ge=1)
+    queue_capacity: int = Field(default=0, ge=0)
+    queue_timeout_s: float = Field(default=0.0, ge=0)
+    max_attempts: int = Field(default=2, ge=1)
+    max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    graceful_timeout_s: float = Field(default=30.0, ge=0)
+    admission: str | None = None  # accepted, unused: predictive admission is not implemented
+
+    @model_validator(mode="after")
+    def _only_retry_extras(self) -> ServingSettings:
+        for key in self.model_extra or {}:
+            if not key.startswith("retry_"):
+                raise ValueError(f"unknown key serving.{key}")
+        return self
+
+
+class RecoverySettings(_Frozen):
+    model_config = ConfigDict(frozen=True, extra="allow")
+    state_path: str = "runs/state.json"
+    resume: bool = False
+    engine_restart_policy: RestartPolicy = "individual"
+    eject_after: int = Field(default=3, ge=1)
+    readmit_every: int = Field(default=10, ge=1)
+    liveness_every: int = Field(default=10, ge=0)
+    liveness_misses: int = Field(default=2, ge=1)
+    failure_quarantine_s: float = Field(default=0.0, ge=0)
+    health: dict[str, Any] | None = None  # drift ejection: accepted, unused
+
+    @model_validator(mode="after")
+    def _no_extras(self) -> RecoverySettings:
+        for key in self.model_extra or {}:
+            raise ValueError(f"unknown key recovery.{key}")
+        return self
+
+
+class ControllerSettings(_Frozen):
+    model_config = ConfigDict(frozen=True, extra="allow")
+    monitor_interval_s: float = Field(default=1.0, gt=0)
+    monitor_failure_limit: int = Field(default=5, ge=1)
+    min_prefill: int = Field(default=1, ge=0)
+    min_decode: int = Field(default=1, ge=0)
+
+
+class ControlSettings(_Frozen):
+    """Control-plane security and listener (our extension, ``control`` key)."""
+
+    token_env: str = ""  # env var holding the bearer token for /narwhal/* mutations
+    protect_reads: bool = False  # also require the token for /narwhal/* reads
+    host: str = ""  # separate control listener (empty: same listener as clients)
+    port: int = Field(default=0, ge=0, le=65535)
+
+
+class HASettings(_Frozen):
+    """Lease settings (our extension, ``ha`` key); CLI flags override them."""
+
+    lease_path: str = ""
+    router_id: str = ""
+    lease_ttl_s: float = 5.0
+    lease_renew_interval_s: float = 1.0
+    lease_safety_margin_s: float = 1.0
+    standby_probe_interval_s: float = 0.25
+    standby_takeover_after: int = 4
+    standby_max_handoff_age_s: float = 30.0
+
+    @model_validator(mode="after")
+    def _check(self) -> HASettings:
+        check_lease_timing(self.lease_ttl_s, self.lease_renew_interval_s, self.lease_safety_margin_s)
+        return self
+
+
+def check_lease_timing(ttl: float, renew: float, margin: float) -> None:
+    for name, v in (("lease_ttl", ttl), ("lease_renew_interval", renew), ("lease_safety_margin", margin)):
+        if not math.isfinite(v):
+            raise ValueError(f"{name} must be finite")
+    if renew <= 0:
+        raise ValueError("lease_renew_interval must be positive")
+    if margin < 0 or margin >= ttl:
+        raise ValueError("lease_safety_margin must be >= 0 and < lease_ttl")
+    if ttl <= renew + margin:
+        raise ValueError("lease_ttl must exceed lease_renew_interval + lease_safety_margin")
+
+
+class FleetConfig(_Frozen):
+    schema_: Literal["narwhal.fleet"] = Field(default="narwhal.fleet", alias="schema")
+    schema_version: Literal[2] = 2
+    model: str = Field(min_length=1)
+    engines: tuple[EngineSpec, ...] = Field(min_length=1)
+    engine_contract: dict[str, Any] | None = None
+    engine: EngineSettings = EngineSettings()
+    serving: ServingSettings = ServingSettings()
+    recovery: RecoverySettings = RecoverySettings()
+    controller: ControllerSettings = ControllerSettings()
+    control: ControlSettings = ControlSettings()
+    ha: HASettings = HASettings()
+    slo: dict[str, Any] | None = None  # accepted, unused
+    profiles: dict[str, Any] | None = None  # accepted, unused
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @field_validator("engine_contract", mode="before")
+    @classmethod
+    def _legacy_contract_names(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        out: dict[str, Any] = {}
+        for key, value in v.items():
+            name = LEGACY_CONTRACT_NAMES.get(key, key)
+            if name not in CONTRACT_FIELDS:
+                raise ValueError(f"unknown key engine_contract.{key}")
+            out[name] = value
+        return out
+
+    @model_validator(mode="after")
+    def _check_fleet(self) -> FleetConfig:
+        ids = [e.iid for e in self.engines]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"duplicate engine iid(s): {', '.join(dupes)}")
+        if self.recovery.engine_restart_policy == "whole_wave":
+            if not self.contract_complete:
+                raise ValueError("engine_restart_policy whole_wave requires a complete engine_contract")
+            if self.recovery.liveness_every <= 0:
+                raise ValueError("engine_restart_policy whole_wave requires recovery.liveness_every > 0")
+        return self
+
+    @property
+    def contract_complete(self) -> bool:
+        c = self.engine_contract
+        return c is not None and all(f in c for f in CONTRACT_FIELDS)
+
+    @property
+    def engine_ids(self) -> list[str]:
+        return sorted(e.iid for e in self.engines)
+
+    def engine_by_id(self, iid: str) -> EngineSpec:
+        for e in self.engines:
+            if e.iid == iid:
+                return e
+        raise KeyError(iid)
+
+    def unused_keys(self) -> list[str]:
+        """Keys accepted from the file that this router does not act on (logged once)."""
+        out = [k for k in ("slo", "profiles") if getattr(self, k) is not None]
+        if "tokenize" in self.engine.model_fields_set:
+            out.append("engine.tokenize")
+        if self.serving.admission is not None:
+            out.append("serving.admission")
+        out += [f"serving.{k}" for k in sorted(self.serving.model_extra or {})]
+        if self.recovery.health is not None:
+            out.append("recovery.health")
+        out += [f"controller.{k}" for k in sorted(self.controller.model_extra or {})]
+        return out
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: fleet file must be a JSON/YAML object")
+    try:
+        return FleetConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = _loc(tuple(err["loc"]))
+        if err["type"] == "extra_forbidden":
+            raise ConfigError(f"{source}: unknown key '{where}'") from None
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if msg.startswith("unknown key "):
+            raise ConfigError(f"{source}: {msg.replace('unknown key ', 'unknown key ', 1)}") from None
+        raise ConfigError(f"{source}: {where or 'fleet'}: {msg}") from None
+
+
+def load_fleet(path: str | Path) -> FleetConfig:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read fleet file: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text) if p.suffix in (".yaml", ".yml") else json.loads(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{p}: not valid {'YAML' if p.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}") from None
+    cfg = parse_fleet(data, str(p))
+    unused = cfg.unused_keys()
+    if unused:
+        log.warning("%s: keys accepted but not used by this router: %s", p, ", ".join(unused))
+    return cfg

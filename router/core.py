@@ -1,0 +1,90 @@
+"""RouterCore: the state every router component shares, and the readiness predicates (spec §3.4).
+
+Components (serving, breaker, lifecycle, HA) receive the core; none of them owns another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.clock import Clock, SystemClock
+from router.config import FleetConfig
+from router.counters import Counters
+from router.ha.control import ControlState
+from router.journal import Journal
+from router.scheduler import Scheduler
+
+
+@dataclass
+class RouterCore:
+    config: FleetConfig
+    journal: Journal
+    clock: Clock = field(default_factory=SystemClock)
+    control: ControlState = field(default_factory=ControlState)
+    scheduler: Scheduler = field(init=False)
+    counters: Counters = field(default_factory=Counters)
+    identities_ready: bool = True  # false until the startup/takeover identity check passes
+    monitoring_degraded: str = ""  # "<stage> <Class>" while monitoring is degraded
+    started_wall: float = field(init=False)
+    started_mono: float = field(init=False)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.scheduler = Scheduler.from_specs(self.config.engines)
+        self.started_wall = self.clock.wall()
+        self.started_mono = self.clock.monotonic()
+
+    # -- predicates (spec §3.4) -------------------------------------------------------------
+    def controls_fleet(self) -> bool:
+        return self.control.controls_fleet()
+
+    def control_ready(self) -> bool:
+        return self.controls_fleet() and not self.monitoring_degraded
+
+    def ready(self) -> bool:
+        return (
+            self.control_ready()
+            and self.identities_ready
+            and not self.scheduler.fleet_hold
+            and bool(self.scheduler.eligible())
+        )
+
+    def ready_reason(self) -> str:
+        """Why /ready is 503, in the peer's precedence order; "" when ready."""
+        if self.control.failover_blocked:
+            return self.control.failover_blocked
+        if self.scheduler.fleet_hold:
+            return self.scheduler.fleet_hold
+        if self.monitoring_degraded:
+            return f"monitoring degraded: {self.monitoring_degraded}"
+        if self.control.standby:
+            return "shadowing"
+        if not self.controls_fleet():
+            return "lease expired"
+        if not self.identities_ready:
+            return "engine identity validation pending"
+        if not self.scheduler.eligible():
+            return "no available engines"
+        return ""
+
+    def health_status(self) -> str:
+        if self.ready():
+            return "ok"
+        if self.control.fenced():
+            return "fenced"
+        if self.scheduler.fleet_hold:
+            return "maintenance"
+        if self.control.standby:
+            return "standby"
+        return "degraded"
+
+    def prefill_hold_reason(self) -> str:
+        """Why a new prefill placement is refused right now ("" = allowed)."""
+        if not self.controls_fleet():
+            return self.control.failover_blocked or (
+                "standby: the primary router is serving" if self.control.standby else "lease expired"
+            )
+        if self.monitoring_degraded:
+            return f"monitoring degraded: {self.monitoring_degraded}"
+        return ""

@@ -1,0 +1,89 @@
+"""Placement state: which engines exist, which may take new work, and how much each holds.
+
+Pure data + decisions, no I/O. The breaker writes ``ejected``; the lifecycle writes ``draining``
+and ``fleet_hold``; serving reads ``pick`` and updates resident counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from router.config import EngineSpec, Role
+
+
+@dataclass(slots=True)
+class EngineRuntime:
+    iid: str
+    url: str
+    role: Role
+    pin: bool
+    attestation_url: str
+    resident_prefill: int = 0
+    resident_decode: int = 0
+
+    @property
+    def resident(self) -> int:
+        return self.resident_prefill + self.resident_decode
+
+    def can_serve(self, phase: Role) -> bool:
+        """vLLM roles are router-side labels: any unpinned engine may serve either leg."""
+        return self.role == phase or not self.pin
+
+
+@dataclass
+class Scheduler:
+    engines: dict[str, EngineRuntime]
+    ejected: dict[str, str] = field(default_factory=dict)  # iid -> ejection cause
+    draining: set[str] = field(default_factory=set)  # lifecycle holds
+    fleet_hold: str = ""  # router-wide lifecycle hold reason ("" = none)
+    on_eject: list[Callable[[str, str], None]] = field(default_factory=list)
+
+    @classmethod
+    def from_specs(cls, specs: Iterable[EngineSpec]) -> Scheduler:
+        engines = {
+            s.iid: EngineRuntime(s.iid, s.url, s.role, s.pin, s.attestation_url)
+            for s in sorted(specs, key=lambda s: s.iid)
+        }
+        return cls(engines=engines)
+
+    def accepts_new(self, iid: str) -> bool:
+        return not self.fleet_hold and iid not in self.ejected and iid not in self.draining
+
+    def eligible(self) -> list[EngineRuntime]:
+        if self.fleet_hold:
+            return []
+        return [e for e in self.engines.values() if e.iid not in self.ejected and e.iid not in self.draining]
+
+    def pick(self, phase: Role, exclude: Iterable[str] = ()) -> EngineRuntime | None:
+        """Least resident work among eligible engines labelled for ``phase``; else any unpinned one."""
+        skip = set(exclude)
+        best: EngineRuntime | None = None
+        fallback: EngineRuntime | None = None
+        for e in self.eligible():
+            if e.iid in skip or not e.can_serve(phase):
+                continue
+            if e.role == phase:
+                if best is None or e.resident < best.resident:
+                    best = e
+            elif fallback is None or e.resident < fallback.resident:
+                fallback = e
+        return best if best is not None else fallback
+
+    def serving_engines_for(self, phase: Role, without: str | None = None) -> int:
+        """How many placement-eligible engines could serve ``phase`` (optionally ignoring one)."""
+        return sum(1 for e in self.eligible() if e.iid != without and e.can_serve(phase))
+
+    def roles(self) -> dict[str, Role]:
+        return {iid: e.role for iid, e in self.engines.items()}
+
+    def eject(self, iid: str, cause: str) -> bool:
+        if iid in self.ejected:
+            return False
+        self.ejected[iid] = cause
+        for callback in list(self.on_eject):
+            callback(iid, cause)
+        return True
+
+    def uneject(self, iid: str) -> bool:
+        return self.ejected.pop(iid, None) is not None
