@@ -278,7 +278,9 @@ def load_fleet(path: str | Path) -> FleetConfig:
     try:
         data = yaml.safe_load(text) if p.suffix in (".yaml", ".yml") else json.loads(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{p}: not valid {'YAML' if p.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}") from None
+        raise ConfigError(
+            f"{p}: not valid {'YAML' if p.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}"
+        ) from None
     cfg = parse_fleet(data, str(p))
     unused = cfg.unused_keys()
     if unused:

@@ -12,7 +12,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
 LifecycleState = Literal["active", "draining", "drained", "deadline_exceeded", "validating", "blocked"]
-LIFECYCLE_STATES: tuple[str, ...] = ("active", "draining", "drained", "deadline_exceeded", "validating", "blocked")
+LIFECYCLE_STATES: tuple[str, ...] = (
+    "active",
+    "draining",
+    "drained",
+    "deadline_exceeded",
+    "validating",
+    "blocked",
+)
 MAX_EVENTS = 200
 
 
@@ -75,6 +82,11 @@ class LifecycleSection(BaseModel):
         if not isinstance(v, dict):
             raise ValueError("process_starts must be an object")
         for key, value in v.items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
                 raise ValueError(f"process_starts.{key} must be a finite positive number")
         return v

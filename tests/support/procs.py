@@ -101,7 +101,9 @@ def proc_group(log_dir: Path) -> Iterator[ProcGroup]:
         group.close()
 
 
-def wait_http(url: str, timeout: float = 20.0, proc: Proc | None = None, ok: tuple[int, ...] = (200,)) -> None:
+def wait_http(
+    url: str, timeout: float = 20.0, proc: Proc | None = None, ok: tuple[int, ...] = (200,)
+) -> None:
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:

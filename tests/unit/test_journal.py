@@ -1,0 +1,44 @@
+"""Request journal: provenance header per process, run ID on every row, non-blocking writes."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from router.journal import Journal, new_run_id, source_digest
+
+
+def test_run_id_format() -> None:
+    assert re.fullmatch(r"1795966346-[0-9a-f]{8}", new_run_id(1795966346.7))
+
+
+def test_header_and_rows_carry_provenance_and_run(tmp_path: Path) -> None:
+    path = tmp_path / "j" / "journal.jsonl"
+    first = Journal(path)
+    first.open()
+    first.append({"event": "x", "n": 1})
+    first.close()
+    second = Journal(path)
+    second.open()
+    second.append({"event": "y"})
+    second.close()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    headers = [r["meta"] for r in rows if "meta" in r]
+    assert len(headers) == 2
+    for h in headers:
+        assert h["schema"] == "narwhal.journal" and h["schema_version"] == 1
+        assert h["package"] == "narwhal-restart" and h["version"]
+        assert h["source"] == source_digest() and h["source"].startswith("sha256:")
+        assert "git" in h
+    data = [r for r in rows if "meta" not in r]
+    assert [d["run"] for d in data] == [first.run_id, second.run_id]
+    assert all(d["schema"] == "narwhal.journal" for d in data)
+
+
+def test_memory_only_journal_keeps_recent_rows() -> None:
+    j = Journal(None)
+    j.open()
+    j.append({"event": "e"})
+    j.close()
+    assert j.recent[-1]["event"] == "e" and j.recent[-1]["run"] == j.run_id
