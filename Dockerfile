@@ -1,0 +1,33 @@
+# Narwhal image: router (narwhal-serve), Temporal worker and CLI (narwhal-worker, narwhal-restart),
+# local supervisor and engine simulator (narwhal-supervisor, narwhal-engine-sim).
+# Build: docker build -t narwhal:latest .      Deployment: docker-compose.yml, docs/deployment.md
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /opt/narwhal
+COPY pyproject.toml README.md ./
+COPY router ./router
+COPY workflows ./workflows
+COPY activities ./activities
+COPY fleet ./fleet
+
+RUN pip install . \
+ && groupadd --system --gid 10001 narwhal \
+ && useradd --system --uid 10001 --gid narwhal --home-dir /var/lib/narwhal --shell /usr/sbin/nologin narwhal \
+ && mkdir -p /config /shared /var/lib/narwhal \
+ && chown narwhal:narwhal /shared /var/lib/narwhal
+
+# /config: fleet and supervisor files (mounted read-only); /shared: the lease domain both routers
+# must see (one filesystem with flock); /var/lib/narwhal: handoff state file and request journal.
+VOLUME ["/shared", "/var/lib/narwhal"]
+USER narwhal
+WORKDIR /var/lib/narwhal
+
+# 8000 router (clients + /narwhal control API), 8900 local supervisor, 9001-9004 simulated engines
+EXPOSE 8000 8900 9001 9002 9003 9004
+
+CMD ["narwhal-serve", "--help"]

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Generate docs/configuration.md from the fleet-file models in router/config.py.
+
+    .venv/bin/python scripts/gen_config_docs.py           # rewrite docs/configuration.md
+    .venv/bin/python scripts/gen_config_docs.py --check   # exit 1 if the committed file is stale
+
+Types, defaults and constraints come from the pydantic models; descriptions come from
+``Field(description=...)`` when a model sets one, else from ``DESCRIPTIONS`` below. A key without a
+description is an error, so a new key cannot reach the reference undocumented
+(tests/unit/test_config_docs.py runs this generator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import annotated_types
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from router import config  # noqa: E402
+
+OUTPUT = REPO / "docs" / "configuration.md"
+
+# Keyed by dotted path; ``engines[]`` is the per-engine object.
+DESCRIPTIONS: dict[str, str] = {
+    "schema": "Document type; must be `narwhal.fleet`.",
+    "schema_version": "Fleet file version; this router reads version 2 only.",
+    "model": "Served model ID. Clients must ask for it (else 404 `model_not_found`); readmission "
+    "checks that every engine lists it in `/v1/models`.",
+    "engines": "The configured engine set (at least one). Engine IDs must be unique; the HA handoff "
+    "document must name exactly this set.",
+    "engine_contract": "Engine build/launch contract that attestation documents must match exactly. "
+    "Required (complete: every field below) for the lifecycle API (drain/readmit) and for "
+    "`recovery.engine_restart_policy: whole_wave`.",
+    "engine": "Engine backend, dialect and timeouts.",
+    "serving": "Client-facing limits and timeouts.",
+    "recovery": "Handoff state file, breaker and automatic recovery.",
+    "controller": "Background monitor loop.",
+    "control": "Control-plane security and listener (Narwhal extension).",
+    "ha": "Lease and warm-standby settings (Narwhal extension); `narwhal-serve` flags override them.",
+    "slo": "Accepted for compatibility with Narwhal 0.7.0 fleet files, not used by this router "
+    "(logged once at load).",
+    "profiles": "Accepted for compatibility with Narwhal 0.7.0 fleet files, not used by this router "
+    "(logged once at load).",
+    # engines[]
+    "engines[].iid": "Engine ID used in the lifecycle API, metrics and journal.",
+    "engines[].url": "Engine base URL (OpenAI-compatible vLLM server); a trailing `/` is removed.",
+    "engines[].role": "Initial PD role: the leg the router prefers to place on this engine.",
+    "engines[].pin": "Keep the configured role fixed (no role flips; kept across `--resume`); "
+    "fabric validation pairs respect the pin.",
+    "engines[].attestation_url": "URL of the engine's `narwhal.attestation` document (attestation "
+    "sidecar). Empty: readmission fails with `attestation_url is not configured`.",
+    "engines[].shared_device": "Label of a device this engine shares with other engines.",
+    # engine
+    "engine.backend": "Engine backend. Only vLLM is implemented.",
+    "engine.connector": "KV transfer connector. Only NIXL (descriptor hand-off) is implemented.",
+    "engine.dialect": "Request dialect spoken to engines.",
+    "engine.health_timeout_s": "Timeout of health, identity (`/version`, `/metrics`) and attestation reads.",
+    "engine.first_token_timeout_s": "Decode leg: the first streamed token must arrive within this "
+    "time; also bounds the fabric check.",
+    "engine.decode_read_timeout_s": "Decode leg: largest allowed gap between streamed chunks.",
+    "engine.engine_api_key_env": "Name of an environment variable holding the engines' API key; when "
+    "set, engine requests carry `authorization: Bearer <key>`.",
+    "engine.tokenize": "Accepted, unused: exact sizing via `/tokenize` is not implemented.",
+    # serving
+    "serving.request_timeout_s": "Overall deadline of one client request.",
+    "serving.prefill_timeout_s": "Timeout of the prefill leg and of the readmission generation check.",
+    "serving.max_connections": "In-flight request seats (admission limit).",
+    "serving.queue_capacity": "Requests allowed to wait for a seat; 0 refuses at once (429).",
+    "serving.queue_timeout_s": "Longest wait in the admission queue before 504 `queue_expired`.",
+    "serving.max_attempts": "Full prefill+decode attempts per request; never retried after output started.",
+    "serving.max_request_bytes": "Largest accepted request body (413 `request_too_large` above).",
+    "serving.max_response_bytes": "Largest engine response relayed to a client.",
+    "serving.graceful_timeout_s": "On SIGTERM: how long in-flight requests may finish before the "
+    "listener closes.",
+    "serving.admission": "Accepted, unused: predictive admission is not implemented.",
+    "serving.retry_*": "Any `retry_`-prefixed key is accepted for compatibility (retry tuning of "
+    "Narwhal 0.7.0); other unknown keys are errors.",
+    # recovery
+    "recovery.state_path": "Handoff state file, written atomically by the active router and read "
+    "by `--resume`.",
+    "recovery.resume": "Same as `narwhal-serve --resume`: restore the handoff state at start.",
+    "recovery.engine_restart_policy": "`individual`: engines are drained, restarted and readmitted "
+    "one at a time. `whole_wave`: any ejection holds the whole fleet and only a whole-wave "
+    "drain/readmit releases it (needs a complete `engine_contract` and `liveness_every > 0`).",
+    "recovery.eject_after": "Consecutive failures that eject an engine (breaker).",
+    "recovery.readmit_every": "Monitor intervals between automatic recovery probes of ejected engines.",
+    "recovery.liveness_every": "Monitor intervals between liveness + process-identity sweeps (0 disables).",
+    "recovery.liveness_misses": "Consecutive missed liveness probes that eject an engine.",
+    "recovery.failure_quarantine_s": "How long an engine stays out of placement after a failure.",
+    "recovery.health": "Accepted, unused: drift ejection is not implemented.",
+    # controller
+    "controller.monitor_interval_s": "Cadence of the monitor loop (liveness, recovery, handoff writes).",
+    "controller.monitor_failure_limit": "Consecutive failing monitor passes before the router is "
+    "`monitoring degraded` (`/ready` 503).",
+    "controller.min_prefill": "Fewest engines kept in the prefill role.",
+    "controller.min_decode": "Fewest engines kept in the decode role.",
+    "controller.*": "Other keys (role-controller settings of Narwhal 0.7.0) are accepted and unused.",
+    # control
+    "control.token_env": "Name of an environment variable holding a bearer token required for "
+    "`/narwhal/*` mutations (empty: no token).",
+    "control.protect_reads": "Also require the token for `/narwhal/*` reads.",
+    "control.host": "Separate control listener host (empty: control API on the client listener).",
+    "control.port": "Separate control listener port (0: none).",
+    # ha
+    "ha.lease_path": "Lease file shared by the router pair (`--lease-path`); empty disables fencing.",
+    "ha.router_id": "Router ID in the lease holder token (`--router-id`; default `<hostname>:<port>`).",
+    "ha.lease_ttl_s": "Lease lifetime (`--lease-ttl`); must exceed renew interval + safety margin.",
+    "ha.lease_renew_interval_s": "Lease renewal cadence (`--lease-renew-interval`).",
+    "ha.lease_safety_margin_s": "Local validity ends this long before the lease expires "
+    "(`--lease-safety-margin`); covers clock offset between routers.",
+    "ha.standby_probe_interval_s": "Standby: cadence of primary probes (`--standby-probe-interval`).",
+    "ha.standby_takeover_after": "Standby: failed probes before it tries to take the lease "
+    "(`--standby-takeover-after`).",
+    "ha.standby_max_handoff_age_s": "Standby: oldest primary handoff snapshot it will apply at "
+    "takeover (`--standby-max-handoff-age`).",
+}
+
+CONTRACT_DESCRIPTIONS: dict[str, str] = {
+    "engine_version": "Engine version (`GET /version`).",
+    "image_digest": "Container image digest of the engine build.",
+    "transfer_version": "KV transfer library version (NIXL).",
+    "connector_version": "KV connector version.",
+    "model_architecture": "Model architecture class.",
+    "model_dtype": "Model weights dtype.",
+    "kv_heads": "Number of KV heads.",
+    "head_size": "Attention head size.",
+    "hidden_layers": "Number of hidden layers.",
+    "attention_backend": "Attention backend.",
+    "kv_cache_dtype": "KV cache dtype.",
+    "cross_layers_blocks": "Cross-layer KV blocks enabled.",
+    "hybrid_kv_cache_manager": "Hybrid KV cache manager enabled.",
+    "connector": "KV connector class (e.g. `NixlConnector`).",
+    "kv_role": "KV role of the engine (e.g. `kv_both`).",
+    "transfer_mode": "KV transfer mode (e.g. `pull`).",
+    "speculative_config": "Speculative decoding configuration.",
+    "enforce_handshake_compat": "Whether the connector enforces handshake compatibility.",
+}
+
+SECTION_NOTES: dict[str, str] = {
+    "serving": "Unknown keys are errors except `retry_*`.",
+    "recovery": "Unknown keys are errors.",
+    "controller": "Unknown keys are accepted as role-controller settings and reported as unused.",
+    "ha": "Lease timing must be finite with `lease_renew_interval_s > 0`, "
+    "`0 ≤ lease_safety_margin_s < lease_ttl_s` and "
+    "`lease_ttl_s > lease_renew_interval_s + lease_safety_margin_s`.",
+}
+
+
+# Sections that accept extra keys (pydantic ``extra="allow"`` plus a validator that filters them);
+# ``recovery`` also allows extras only to reject each one with a clear message.
+WILDCARD_KEYS: dict[str, str] = {"serving.": "serving.retry_*", "controller.": "controller.*"}
+
+
+class MissingDescription(KeyError):
+    pass
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    args = get_args(tp)
+    if origin is Literal:
+        return " \\| ".join(f"`{json.dumps(a)}`" for a in args)
+    if origin in (Union, types.UnionType):
+        return " \\| ".join(_type_name(a) for a in args)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return f"list of {_type_name(args[0])}"
+    if origin is dict:
+        return "object"
+    if tp is type(None):
+        return "null"
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return "object"
+    if tp is typing.Any:
+        return "any"
+    if isinstance(tp, type):
+        return {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}.get(
+            tp.__name__, tp.__name__
+        )
+    return str(tp)
+
+
+def _constraints(field: FieldInfo) -> str:
+    parts: list[str] = []
+    for m in field.metadata:
+        if isinstance(m, annotated_types.Gt):
+            parts.append(f"> {m.gt}")
+        elif isinstance(m, annotated_types.Ge):
+            parts.append(f"≥ {m.ge}")
+        elif isinstance(m, annotated_types.Lt):
+            parts.append(f"< {m.lt}")
+        elif isinstance(m, annotated_types.Le):
+            parts.append(f"≤ {m.le}")
+        elif isinstance(m, annotated_types.MinLen):
+            parts.append("non-empty")
+    return ", ".join(parts)
+
+
+def _default(field: FieldInfo) -> str:
+    if field.is_required():
+        return "required"
+    value = field.get_default(call_default_factory=True)
+    if value is PydanticUndefined:
+        return "required"
+    if isinstance(value, BaseModel):
+        return "see below"
+    text = f"`{json.dumps(value)}`"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1024 * 1024:
+        text += f" ({value // (1024 * 1024)} MiB)"
+    return text
+
+
+def _description(path: str, field: FieldInfo) -> str:
+    if field.description:
+        return field.description
+    try:
+        return DESCRIPTIONS[path]
+    except KeyError:
+        raise MissingDescription(f"no description for fleet key '{path}' (add it to DESCRIPTIONS)") from None
+
+
+def _row(key: str, type_: str, default: str, description: str) -> str:
+    return f"| `{key}` | {type_} | {default} | {description} |"
+
+
+def _table(model: type[BaseModel], prefix: str) -> list[str]:
+    lines = ["| Key | Type | Default | Description |", "| --- | --- | --- | --- |"]
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        path = f"{prefix}{key}"
+        type_ = _type_name(field.annotation)
+        constraint = _constraints(field)
+        if constraint:
+            type_ += f" ({constraint})"
+        lines.append(_row(path, type_, _default(field), _description(path, field)))
+    wildcard = WILDCARD_KEYS.get(prefix)
+    if wildcard is not None and model.model_config.get("extra") == "allow":
+        lines.append(_row(wildcard, "any", "—", _description(wildcard, FieldInfo())))
+    return lines
+
+
+def _nested_sections() -> list[tuple[str, type[BaseModel], str]]:
+    out: list[tuple[str, type[BaseModel], str]] = [("engines[]", config.EngineSpec, "engines[].")]
+    for name, field in config.FleetConfig.model_fields.items():
+        tp = field.annotation
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            out.append((name, tp, f"{name}."))
+    return out
+
+
+def render() -> str:
+    lines = [
+        "# Fleet file reference (`narwhal.fleet` v2)",
+        "",
+        "<!-- Generated by scripts/gen_config_docs.py from router/config.py. Do not edit by hand:",
+        "     run `.venv/bin/python scripts/gen_config_docs.py`. -->",
+        "",
+        "`narwhal-serve --fleet PATH` reads this file (JSON, or YAML for `.yaml`/`.yml`). A Narwhal "
+        "0.7.0 fleet file is accepted unchanged. Unknown keys are errors naming the key and the file, "
+        "except the accepted-but-unused keys marked below, which are logged once at start.",
+        "",
+        "## Top level",
+        "",
+        *_table(config.FleetConfig, ""),
+    ]
+    for title, model, prefix in _nested_sections():
+        lines += ["", f"## `{title}`", ""]
+        doc = (model.__doc__ or "").strip()
+        summary = DESCRIPTIONS.get(title) if title != "engines[]" else "One object per engine."
+        if summary:
+            lines += [summary, ""]
+        elif doc:
+            lines += [doc.splitlines()[0], ""]
+        note = SECTION_NOTES.get(title)
+        if note:
+            lines += [note, ""]
+        lines += _table(model, prefix)
+    lines += [
+        "",
+        "## `engine_contract`",
+        "",
+        "Every field is required for a complete contract; values are compared for exact equality "
+        "with the `contract` of each engine's attestation document. Legacy vLLM names are accepted: "
+        + ", ".join(f"`{old}` → `{new}`" for old, new in config.LEGACY_CONTRACT_NAMES.items())
+        + ". Any other key is an error.",
+        "",
+        "| Key | Description |",
+        "| --- | --- |",
+    ]
+    for name in config.CONTRACT_FIELDS:
+        if name not in CONTRACT_DESCRIPTIONS:
+            raise MissingDescription(f"no description for engine_contract.{name}")
+        lines.append(f"| `engine_contract.{name}` | {CONTRACT_DESCRIPTIONS[name]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--check", action="store_true", help="fail if the committed file is stale")
+    parser.add_argument("--output", type=Path, default=OUTPUT)
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
+        if current != text:
+            print(f"{args.output} is stale: run scripts/gen_config_docs.py", file=sys.stderr)
+            return 1
+        return 0
+    args.output.write_text(text, encoding="utf-8")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Deployment files stay valid: compose parses, every narwhal-* command exists, the fleet file loads."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from router.config import load_fleet, parse_fleet
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE = REPO / "docker-compose.yml"
+DEPLOY = REPO / "deploy"
+
+pytestmark = pytest.mark.integration
+
+
+def _scripts() -> set[str]:
+    with (REPO / "pyproject.toml").open("rb") as f:
+        return set(tomllib.load(f)["project"]["scripts"])
+
+
+def _compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data
+
+
+def _words(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return value.split()
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return []
+
+
+def _narwhal_commands(node: Any) -> Iterator[str]:
+    """Every word starting with ``narwhal-`` in a command-like position, anywhere in a document."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("command", "entrypoint"):
+                yield from (w for w in _words(value) if w.startswith("narwhal-"))
+            else:
+                yield from _narwhal_commands(value)
+    elif isinstance(node, list):
+        if node and isinstance(node[0], str) and node[0].startswith("narwhal-"):
+            yield node[0]
+        for item in node:
+            yield from _narwhal_commands(item)
+
+
+def test_compose_file_validates_with_docker_compose() -> None:
+    """Runs scripts/check_compose.sh, which installs docker-compose if missing; failure is a failure."""
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "check_compose.sh")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"check_compose.sh failed:\n{proc.stdout}\n{proc.stderr}"
+    assert "docker-compose.yml is valid" in proc.stdout
+
+
+def test_compose_config_resolves_the_expected_services() -> None:
+    proc = subprocess.run(
+        ["docker-compose", "-f", str(COMPOSE), "config", "--services"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    services = set(proc.stdout.split())
+    assert {
+        "postgresql",
+        "temporal",
+        "temporal-ui",
+        "router-a",
+        "router-b",
+        "worker",
+        "supervisor",
+        "otel-collector",
+        "jaeger",
+    } <= services
+
+
+def test_every_narwhal_command_is_a_console_script() -> None:
+    scripts = _scripts()
+    found: dict[str, list[str]] = {"docker-compose.yml": list(_narwhal_commands(_compose()))}
+    cmd_lines = [
+        ln for ln in (REPO / "Dockerfile").read_text(encoding="utf-8").splitlines() if ln.startswith("CMD ")
+    ]
+    found["Dockerfile"] = list(_narwhal_commands([json.loads(ln.removeprefix("CMD ")) for ln in cmd_lines]))
+    for path in sorted(DEPLOY.glob("*.json")):
+        found[path.name] = list(_narwhal_commands(json.loads(path.read_text(encoding="utf-8"))))
+    assert found["docker-compose.yml"], "no narwhal-* command found in docker-compose.yml"
+    assert found["supervisor.json"], "no narwhal-* command found in deploy/supervisor.json"
+    assert found["Dockerfile"] == ["narwhal-serve"]
+    unknown = {name: sorted(set(cmds) - scripts) for name, cmds in found.items() if set(cmds) - scripts}
+    assert unknown == {}, f"commands missing from [project.scripts]: {unknown}"
+
+
+def test_scanner_sees_an_unknown_command() -> None:
+    doc = {"services": {"x": {"command": "narwhal-nope --flag"}}, "engines": [{"command": ["narwhal-x"]}]}
+    assert sorted(_narwhal_commands(doc)) == ["narwhal-nope", "narwhal-x"]
+
+
+def test_fleet_file_validates() -> None:
+    data = json.loads((DEPLOY / "fleet.json").read_text(encoding="utf-8"))
+    cfg = parse_fleet(data, "deploy/fleet.json")
+    assert cfg.contract_complete, "the lifecycle API (drain/readmit) needs a complete engine_contract"
+    assert load_fleet(DEPLOY / "fleet.json") == cfg
+    assert {e.role for e in cfg.engines} == {"prefill", "decode"}
+    for engine in cfg.engines:
+        assert engine.attestation_url, f"{engine.iid}: readmission needs an attestation_url"
+
+
+def test_failover_override_validates_and_makes_router_a_a_standby_of_b() -> None:
+    override = DEPLOY / "compose.router-a-standby.yml"
+    proc = subprocess.run(
+        ["docker-compose", "-f", str(COMPOSE), "-f", str(override), "config"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    merged = yaml.safe_load(proc.stdout)["services"]
+    cmd = _words(merged["router-a"]["command"])
+    assert cmd[cmd.index("--standby-of") + 1] == "http://router-b:8000"
+    assert cmd[cmd.index("--lease-path") + 1] == "/shared/router.lease"
+    assert list(_narwhal_commands(yaml.safe_load(override.read_text(encoding="utf-8")))) == ["narwhal-serve"]
+
+
+def test_supervisor_file_loads_and_engines_attest_the_fleet_contract() -> None:
+    from fleet.contract import DEFAULT_CONTRACT
+    from fleet.supervisor import load_config
+
+    cfg = load_config(DEPLOY / "supervisor.json")
+    assert [e.iid for e in cfg.engines] == load_fleet(DEPLOY / "fleet.json").engine_ids
+    for engine in cfg.engines:
+        assert "--contract-json" not in engine.command, "simulators attest DEFAULT_CONTRACT"
+    assert load_fleet(DEPLOY / "fleet.json").engine_contract == DEFAULT_CONTRACT
+
+
+def test_fleet_and_supervisor_agree_on_engines() -> None:
+    fleet = load_fleet(DEPLOY / "fleet.json")
+    supervisor = json.loads((DEPLOY / "supervisor.json").read_text(encoding="utf-8"))
+    sup = {e["iid"]: e for e in supervisor["engines"]}
+    assert set(sup) == set(fleet.engine_ids)
+    for engine in fleet.engines:
+        command = sup[engine.iid]["command"]
+        port = engine.url.rsplit(":", 1)[1]
+        assert command[command.index("--port") + 1] == port, engine.iid
+        assert command[command.index("--iid") + 1] == engine.iid
+        assert command[command.index("--model") + 1] == fleet.model
+        assert command[command.index("--host") + 1] == "0.0.0.0", "engines must be reachable from routers"
+
+
+def test_compose_services_share_the_lease_and_export_traces() -> None:
+    services = _compose()["services"]
+    for name in ("router-a", "router-b"):
+        cmd = _words(services[name]["command"])
+        assert cmd[cmd.index("--lease-path") + 1] == "/shared/router.lease"
+        assert any(v.startswith("router-lease:/shared") for v in services[name]["volumes"])
+        assert cmd[cmd.index("--fleet") + 1] == "/config/fleet.json"
+    standby = _words(services["router-b"]["command"])
+    assert standby[standby.index("--standby-of") + 1] == "http://router-a:8000"
+    assert "--standby-of" not in _words(services["router-a"]["command"])
+    for name in ("router-a", "router-b", "worker", "supervisor", "narwhal-cli"):
+        env = services[name]["environment"]
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318", name
+    assert services["worker"]["environment"]["TEMPORAL_ADDRESS"] == "temporal:7233"
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in (DEPLOY / "temporal").glob("*.sh")))
+def test_temporal_setup_scripts_are_valid_shell(path: str) -> None:
+    proc = subprocess.run(["sh", "-n", str(DEPLOY / "temporal" / path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_namespace_script_registers_every_search_attribute_the_workflows_use() -> None:
+    kinds = {"keyword": "Keyword", "int": "Int", "text": "Text", "float": "Double", "bool": "Bool"}
+    used: set[str] = set()
+    for path in sorted((REPO / "workflows").glob("*.py")):
+        for kind, name in re.findall(r'SearchAttributeKey\.for_(\w+)\("(\w+)"\)', path.read_text("utf-8")):
+            used.add(f"{name}={kinds.get(kind, kind)}")
+    assert used, "no search attributes found in workflows/"
+    script = (DEPLOY / "temporal" / "create-namespace.sh").read_text(encoding="utf-8")
+    (line,) = [ln for ln in script.splitlines() if ln.startswith("for sa in ")]
+    registered = set(line.removeprefix("for sa in ").removesuffix("; do").split())
+    assert used <= registered, f"not registered in create-namespace.sh: {sorted(used - registered)}"
