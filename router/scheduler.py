@@ -36,6 +36,8 @@ class Scheduler:
     engines: dict[str, EngineRuntime]
     ejected: dict[str, str] = field(default_factory=dict)  # iid -> ejection cause
     draining: set[str] = field(default_factory=set)  # lifecycle holds
+    held: dict[str, str] = field(default_factory=dict)  # breaker holds: iid -> reason (inference suspect)
+    inference_suspects: dict[str, set[str]] = field(default_factory=dict)  # iid -> producer ids ("" = none)
     fleet_hold: str = ""  # router-wide lifecycle hold reason ("" = none)
     on_eject: list[Callable[[str, str], None]] = field(default_factory=list)
 
@@ -48,12 +50,21 @@ class Scheduler:
         return cls(engines=engines)
 
     def accepts_new(self, iid: str) -> bool:
-        return not self.fleet_hold and iid not in self.ejected and iid not in self.draining
+        return (
+            not self.fleet_hold
+            and iid not in self.ejected
+            and iid not in self.draining
+            and iid not in self.held
+        )
 
     def eligible(self) -> list[EngineRuntime]:
         if self.fleet_hold:
             return []
-        return [e for e in self.engines.values() if e.iid not in self.ejected and e.iid not in self.draining]
+        return [
+            e
+            for e in self.engines.values()
+            if e.iid not in self.ejected and e.iid not in self.draining and e.iid not in self.held
+        ]
 
     def pick(self, phase: Role, exclude: Iterable[str] = ()) -> EngineRuntime | None:
         """Least resident work among eligible engines labelled for ``phase``; else any unpinned one."""

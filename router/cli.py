@@ -1,0 +1,123 @@
+"""``narwhal-serve``: load the fleet file, build the router, serve until SIGTERM/SIGINT.
+
+Exit codes: 0 after a graceful stop, 2 for an unusable fleet file or flag (one line on stderr
+naming the problem), 1 when startup fails otherwise.
+
+To add a flag: add it in the matching ``_add_*`` group (``dest`` = the ``RouterOptions`` field
+name) and the field in ``router/assemble.py``; nothing else is needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
+
+from aiohttp import web
+
+from router.assemble import RouterOptions, build_router
+from router.config import ConfigError, FleetConfig, load_fleet
+from router.ha import settings as ha_settings
+
+log = logging.getLogger("narwhal.serve")
+
+
+def _add_serving_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fleet", required=True, help="fleet file (JSON or YAML, narwhal.fleet v2)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--journal", default=None, help="request journal path (JSONL)")
+    p.add_argument("--max-concurrent", dest="max_concurrent", type=int, default=None)
+    p.add_argument("--graceful-timeout", dest="graceful_timeout", type=float, default=None)
+    p.add_argument("--log-level", dest="log_level", default="info")
+    p.add_argument(
+        "--probe-interval",
+        dest="probe_interval",
+        type=float,
+        default=None,
+        help="seconds between recovery probes of ejected engines",
+    )
+
+
+def _add_lifecycle_flags(p: argparse.ArgumentParser) -> None:
+    """Lifecycle flags (e.g. --resume) go here."""
+
+
+def _add_ha_flags(p: argparse.ArgumentParser) -> None:
+    """HA flags (--lease-path, --router-id, --lease-ttl, --standby-of, ...) go here."""
+    ha_settings.add_arguments(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="narwhal-serve", description="Narwhal PD-disaggregated LLM router")
+    _add_serving_flags(p)
+    _add_lifecycle_flags(p)
+    _add_ha_flags(p)
+    return p
+
+
+def options_from_args(ns: argparse.Namespace) -> RouterOptions:
+    names = {f.name for f in fields(RouterOptions)}
+    return RouterOptions(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        options = options_from_args(ns)
+        options.validate()
+        config = load_fleet(ns.fleet)
+        ha_settings.from_options(config, options, port=options.port)  # HA: merged settings usable?
+    except (ConfigError, ValueError) as exc:
+        print(f"narwhal-serve: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        import uvloop
+
+        uvloop.run(serve(config, options))
+    except (OSError, RuntimeError) as exc:
+        print(f"narwhal-serve: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def serve(config: FleetConfig, options: RouterOptions) -> None:
+    app, core = build_router(config, options)
+    graceful = (
+        options.graceful_timeout
+        if options.graceful_timeout is not None
+        else config.serving.graceful_timeout_s
+    )
+    runner = web.AppRunner(app, shutdown_timeout=graceful, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        site = web.TCPSite(runner, options.host, options.port, backlog=2048, reuse_address=True)
+        await site.start()
+        log.info(
+            "narwhal-serve listening on http://%s:%d (model %s, %d engines, run %s)",
+            options.host,
+            options.port,
+            config.model,
+            len(config.engines),
+            core.journal.run_id,
+        )
+        await stop.wait()
+        log.info("shutting down: finishing in-flight requests (up to %.1fs)", graceful)
+    finally:
+        await runner.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

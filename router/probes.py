@@ -1,0 +1,173 @@
+"""The breaker's I/O side: runs the probes the breaker asks for, and recovers ejected engines.
+
+* ``handle(decision)``: health probe (timeout/overload streaks) or inference probe (suspects).
+* A periodic pass every ``interval_s`` (default ``controller.monitor_interval_s ×
+  recovery.readmit_every``) probes ejected engines and re-verifies inference suspects.
+  Contract-free readmission: ``/health`` 200 and a direct 1-token generation (plus an inference
+  probe for suspects). When ``recovery_validator`` is set (fleets with an ``engine_contract``,
+  wired by the lifecycle component), it is called instead and owns the readmission.
+The pass is skipped while this router does not control the fleet or a fleet hold is active.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from router.breaker import Breaker, Decision
+from router.core import RouterCore
+from router.engines.legs import EngineClient, LegFailure, decode_body, prefill_body
+
+log = logging.getLogger("narwhal.probes")
+_PROBE_BODY: dict[str, Any] = {"prompt": "narwhal inference probe", "max_tokens": 2, "temperature": 0.0}
+
+
+class Prober:
+    def __init__(
+        self, core: RouterCore, breaker: Breaker, engines: EngineClient, interval_s: float | None = None
+    ) -> None:
+        self.core = core
+        self.breaker = breaker
+        self.engines = engines
+        cfg = core.config
+        self.interval_s = interval_s or cfg.controller.monitor_interval_s * cfg.recovery.readmit_every
+        self.tick_s = min(cfg.controller.monitor_interval_s, self.interval_s)
+        self.recovery_validator: Callable[[str], Awaitable[bool]] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.Task[None] | None = None
+        self._suspect_checked: dict[str, float] = {}
+
+    # -- component protocol -----------------------------------------------------------------
+    def add_routes(self, app: web.Application) -> None:
+        return None
+
+    async def start(self) -> None:
+        self._loop = asyncio.create_task(self._run(), name="narwhal-probes")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._loop, *self._tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._loop = None
+
+    # -- breaker decisions ------------------------------------------------------------------
+    def handle(self, decision: Decision) -> None:
+        if decision.action == "probe_health":
+            self._spawn(decision.iid, self._health_probe(decision.iid))
+        elif decision.action == "probe_inference":
+            self._spawn(decision.iid, self._inference_probe(decision.iid))
+        elif decision.action in ("eject", "spared"):
+            log.warning("breaker: engine %s %s (%s)", decision.iid, decision.action, decision.cause)
+
+    def _spawn(self, iid: str, coro: Coroutine[Any, Any, None]) -> None:
+        if iid in self.breaker.probing:
+            coro.close()
+            return
+        self.breaker.probing.add(iid)
+
+        async def run() -> None:
+            try:
+                await coro
+            except Exception:
+                log.exception("probe of %s failed", iid)
+            finally:
+                self.breaker.probing.discard(iid)
+
+        task = asyncio.create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _health_probe(self, iid: str) -> None:
+        ok = await self.engines.health(self.core.scheduler.engines[iid].url)
+        self.handle(self.breaker.health_result(iid, ok))
+
+    async def _inference_probe(self, iid: str) -> None:
+        self._suspect_checked[iid] = self.core.clock.monotonic()
+        ok = await self.verify_paths(iid)
+        self.handle(self.breaker.inference_result(iid, ok))
+
+    async def verify_paths(self, iid: str) -> bool | None:
+        """Probe every recorded producer path into suspect ``iid``; None if a new path appeared."""
+        before = set(self.core.scheduler.inference_suspects.get(iid, set())) or {""}
+        for producer in sorted(before):
+            if not await self.fabric_probe(producer, iid):
+                return False
+        after = self.core.scheduler.inference_suspects.get(iid)
+        if after is not None and not after <= before:
+            return None  # new failing path recorded meanwhile: verification stays pending
+        return True
+
+    async def fabric_probe(self, producer: str, consumer: str) -> bool:
+        """Prefill on ``producer`` (the consumer itself when "" or unavailable) → decode ≥1 token."""
+        sched, engines = self.core.scheduler, self.engines
+        if not producer or producer == consumer or not sched.accepts_new(producer):
+            producer = consumer
+        src, dst = sched.engines[producer], sched.engines[consumer]
+        body = {**_PROBE_BODY, "model": self.core.config.model}
+        rid = f"narwhal-probe-{consumer}"
+        stream = None
+        try:
+            desc = await engines.prefill(
+                src.iid, src.url, "/v1/completions", prefill_body(body, body["model"]), rid + "-prefill"
+            )
+            dbody = decode_body(body, body["model"], None if src.iid == dst.iid else desc)
+            async with asyncio.timeout(self.core.config.engine.first_token_timeout_s):
+                stream = await engines.open_decode(
+                    dst.iid, dst.url, "/v1/completions", dbody, rid + "-decode"
+                )
+                while (payload := await stream.next_data()) is not None:
+                    doc = orjson.loads(payload)
+                    choices = doc.get("choices") if isinstance(doc, dict) else None
+                    if isinstance(choices, list) and any(
+                        isinstance(c, dict) and (c.get("token_ids") or c.get("text")) for c in choices
+                    ):
+                        return True
+            return False
+        except (LegFailure, TimeoutError, orjson.JSONDecodeError):
+            return False
+        finally:
+            if stream is not None:
+                stream.close()
+
+    # -- periodic recovery ------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            try:
+                self.pass_once()
+            except Exception:
+                log.exception("probe pass failed")
+
+    def pass_once(self) -> None:
+        core = self.core
+        if not core.controls_fleet() or core.scheduler.fleet_hold:
+            return
+        for iid in self.breaker.due_for_readmission(self.interval_s):
+            self._spawn(iid, self._recover(iid))
+        now = core.clock.monotonic()
+        for iid in sorted(core.scheduler.inference_suspects):
+            if iid in core.scheduler.ejected or iid in self.breaker.probing:
+                continue
+            if now - self._suspect_checked.get(iid, float("-inf")) >= self.interval_s:
+                self._spawn(iid, self._inference_probe(iid))
+
+    async def _recover(self, iid: str) -> None:
+        url = self.core.scheduler.engines[iid].url
+        if self.recovery_validator is not None:
+            ok: bool | None = await self.recovery_validator(iid)
+            self.breaker.readmission_probe(iid, ok, "lifecycle")
+            return
+        ok = await self.engines.health(url) and await self.engines.generate_one(url)
+        if ok and iid in self.core.scheduler.inference_suspects:
+            ok = await self.verify_paths(iid)
+        if self.breaker.readmission_probe(iid, ok, "health"):
+            log.info("engine %s readmitted after a successful recovery probe", iid)

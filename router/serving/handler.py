@@ -1,0 +1,374 @@
+"""The completion routes: gate → admission → parse → PD attempts → relay → one terminal outcome.
+
+Each attempt is a prefill leg on one engine and a streamed decode leg, on a different engine when
+one is available. Attempts are retried (``serving.max_attempts``) only while no output has reached
+the client. Resident counts on the scheduler track every leg precisely (try/finally).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import TYPE_CHECKING, Protocol
+
+import orjson
+from aiohttp import web
+
+from router.breaker import Breaker, Decision, FailureClass
+from router.core import RouterCore
+from router.counters import Outcome
+from router.engines.legs import DecodeStream, EngineClient, LegFailure, decode_body, prefill_body
+from router.metrics import ServingStats
+from router.serving.errors import ClientError, client_error_response, error_doc
+from router.serving.outcome import RequestRecord, finish
+from router.serving.parse import PATHS, Endpoint, ParsedRequest, parse_request
+from router.serving.relay import StreamError, StreamState, assemble_response, process_chunk
+
+if TYPE_CHECKING:
+    from router.scheduler import EngineRuntime
+
+log = logging.getLogger("narwhal.serving")
+_SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+_DONE = b"data: [DONE]\n\n"
+_DISCONNECTS = (ConnectionResetError, ConnectionError)
+
+
+class DecisionSink(Protocol):
+    def handle(self, decision: Decision) -> None: ...
+
+
+class _Settled(Exception):
+    """The request already has its terminal outcome and its response."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        self.response = response
+
+
+class Serving:
+    def __init__(
+        self,
+        core: RouterCore,
+        engines: EngineClient,
+        breaker: Breaker,
+        stats: ServingStats,
+        probes: DecisionSink | None = None,
+        max_concurrent: int | None = None,
+    ) -> None:
+        self.core = core
+        self.engines = engines
+        self.breaker = breaker
+        self.stats = stats
+        self.probes = probes
+        cfg = core.config
+        self.model = cfg.model
+        self.seats = max_concurrent or cfg.serving.max_connections
+        self.max_attempts = cfg.serving.max_attempts
+        self.request_timeout = cfg.serving.request_timeout_s
+        self.first_token_timeout = cfg.engine.first_token_timeout_s
+
+    # -- component protocol -----------------------------------------------------------------
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, "completions")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, "chat")
+
+    # -- request ----------------------------------------------------------------------------
+    async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        core = self.core
+        core.counters.offer()
+        rec = RequestRecord(uuid.uuid4().hex, core.clock.monotonic())
+        rec.client_rid = request.headers.get("x-request-id")
+        if not core.ready():
+            return self._not_ready(rec)
+        if self.stats.inflight >= self.seats:
+            return self._settle(
+                rec,
+                "rejected",
+                "inflight_limit",
+                ClientError(
+                    429,
+                    f"too many requests in flight (limit {self.seats})",
+                    "server_overloaded_error",
+                    "inflight_limit",
+                ),
+            )
+        self.stats.inflight += 1
+        try:
+            return await self._serve(request, endpoint, rec)
+        except _Settled as done:
+            return done.response
+        except asyncio.CancelledError:
+            self._cancelled(rec)
+            raise
+        except _DISCONNECTS:
+            self._cancelled(rec)
+            started: web.StreamResponse | None = request.get("narwhal_stream")
+            return started if started is not None else web.Response(status=499)
+        except Exception as exc:
+            log.exception("request %s failed inside the router", rec.rid)
+            return self._settle(
+                rec,
+                "failed",
+                "internal",
+                ClientError(
+                    500, f"internal router error: {type(exc).__name__}", "internal_error", "internal"
+                ),
+            )
+        finally:
+            self.stats.inflight -= 1
+
+    def _cancelled(self, rec: RequestRecord) -> None:
+        rec.cancelled_phase = "decode" if rec.decode_iid else ("prefill" if rec.prefill_iid else "admission")
+        expired = self.core.clock.monotonic() - rec.arrived >= self.request_timeout
+        if expired:
+            finish(self.core, self.stats, rec, "expired", "deadline", 499, "client left after the deadline")
+        else:
+            finish(self.core, self.stats, rec, "cancelled", "", 499, "client disconnected")
+
+    def _settle(self, rec: RequestRecord, outcome: Outcome, reason: str, err: ClientError) -> web.Response:
+        finish(self.core, self.stats, rec, outcome, reason, err.status, err.message, err.type, err.code)
+        return client_error_response(err, rec.rid)
+
+    def _not_ready(self, rec: RequestRecord, reason: str | None = None) -> web.Response:
+        core = self.core
+        why = reason or core.ready_reason()
+        if not core.controls_fleet() or core.scheduler.fleet_hold or reason:
+            kind, message = "standby", "Router is not ready"
+        elif not core.scheduler.eligible():
+            kind, message = "no_schedulable_engines", "no engine can take new work"
+        else:
+            kind, message = "backend_unavailable", f"Router is not ready: {why}"
+        rec.extra = {"readiness_reason": why}
+        return self._settle(rec, "rejected", "not_ready", ClientError(503, message, kind, kind))
+
+    async def _serve(
+        self, request: web.Request, endpoint: Endpoint, rec: RequestRecord
+    ) -> web.StreamResponse:
+        limit = self.core.config.serving.max_request_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise _Settled(self._too_large(rec, limit))
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise _Settled(self._too_large(rec, limit)) from None
+        try:
+            parsed = parse_request(raw, endpoint, self.model)
+        except ClientError as err:
+            raise _Settled(
+                self._settle(rec, "invalid_requests", err.code or "invalid_request", err)
+            ) from None
+        rec.stream = parsed.stream
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                return await self._attempts(request, parsed, rec)
+        except TimeoutError:
+            msg = f"request exceeded serving.request_timeout_s ({self.request_timeout}s)"
+            return await self._fail(
+                request, rec, "expired", "deadline", 504, msg, "request_expired", "deadline"
+            )
+
+    def _too_large(self, rec: RequestRecord, limit: int) -> web.Response:
+        err = ClientError(
+            413, f"request body exceeds {limit} bytes", "request_too_large", "request_too_large"
+        )
+        return self._settle(rec, "invalid_requests", "request_too_large", err)
+
+    async def _attempts(
+        self, request: web.Request, parsed: ParsedRequest, rec: RequestRecord
+    ) -> web.StreamResponse:
+        sched = self.core.scheduler
+        tried: list[str] = []
+        for attempt in range(1, self.max_attempts + 1):
+            rec.attempts = attempt
+            hold = self.core.prefill_hold_reason()
+            if hold:
+                return self._not_ready(rec, hold)
+            p = sched.pick("prefill", exclude=tried) or sched.pick("prefill")
+            if p is None:
+                err = ClientError(
+                    503, "no engine can take the prefill leg", "no_schedulable_engines", "no_engine"
+                )
+                return self._settle(rec, "failed", "no_engine", err)
+            try:
+                return await self._attempt(request, parsed, rec, attempt, p, tried)
+            except LegFailure as f:
+                self._evidence(f, rec.prefill_iid)
+                rec.attempt_failures.append(f"{f.phase}:{f.iid}:{f.kind}")
+                tried.append(f.iid)
+                if rec.started or f.client_fault or attempt == self.max_attempts:
+                    type_ = "invalid_request_error" if f.client_fault else f.phase
+                    return await self._fail(
+                        request, rec, "failed", f.reason, f.client_status, str(f), type_, f.reason
+                    )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _evidence(self, f: LegFailure, producer: str | None) -> None:
+        if f.kind == "rejected":
+            self.breaker.record_success(f.iid, "transport")
+            return
+        cls: FailureClass = f.kind  # type: ignore[assignment]
+        decision = self.breaker.record_failure(
+            f.iid, cls, producer=(producer or "") if f.phase == "decode" else ""
+        )
+        if decision.action != "none" and self.probes is not None:
+            self.probes.handle(decision)
+
+    async def _fail(
+        self,
+        request: web.Request,
+        rec: RequestRecord,
+        outcome: Outcome,
+        reason: str,
+        status: int,
+        message: str,
+        type_: str,
+        code: str,
+    ) -> web.StreamResponse:
+        if not rec.started:
+            return self._settle(rec, outcome, reason, ClientError(status, message, type_, code))
+        # Output already reached the client: end the stream with an error event.
+        finish(self.core, self.stats, rec, outcome, reason, 200, message, type_, code)
+        resp: web.StreamResponse = request["narwhal_stream"]
+        try:
+            await resp.write(b"data: " + orjson.dumps(error_doc(message, type_, code)) + b"\n\n")
+            await resp.write_eof()
+        except _DISCONNECTS:
+            pass
+        return resp
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        rec: RequestRecord,
+        attempt: int,
+        p: EngineRuntime,
+        tried: list[str],
+    ) -> web.StreamResponse:
+        sched, engines, body = self.core.scheduler, self.engines, parsed.body
+        path = PATHS[parsed.endpoint]
+        xrid = f"{rec.rid}-a{attempt}"
+        rec.prefill_iid, rec.decode_iid = p.iid, None
+        p.resident_prefill += 1
+        try:
+            desc = await engines.prefill(
+                p.iid, p.url, path, prefill_body(body, self.model), xrid + "-prefill"
+            )
+        finally:
+            p.resident_prefill -= 1
+        self.breaker.record_success(p.iid, "prefill")
+        d = (
+            sched.pick("decode", exclude=(p.iid, *tried))
+            or sched.pick("decode", exclude=tried)
+            or sched.pick("decode")
+        )
+        if d is None:
+            if self.core.prefill_hold_reason() or not self.core.ready():
+                raise _Settled(self._not_ready(rec))
+            err = ClientError(503, "no engine can take the decode leg", "no_schedulable_engines", "no_engine")
+            raise _Settled(self._settle(rec, "failed", "no_engine", err))
+        rec.decode_iid = d.iid
+        dbody = decode_body(body, self.model, None if d.iid == p.iid else desc)
+        d.resident_decode += 1
+        stream = None
+        clean = False
+        st = StreamState()
+        want, buffered = parsed.want_token_ids, not parsed.stream
+        frames: list[bytes] = []
+        try:
+            try:
+                async with asyncio.timeout(self.first_token_timeout):
+                    stream = await engines.open_decode(d.iid, d.url, path, dbody, xrid + "-decode")
+                    while True:
+                        payload = await stream.next_data()
+                        if payload is None:
+                            raise LegFailure("stream", "decode", d.iid, "[DONE] before any token")
+                        out, n = process_chunk(payload, st, want, buffered)
+                        if not buffered:
+                            frames.append(b"data: " + out + b"\n\n")
+                        if n:
+                            break
+            except TimeoutError:
+                self.core.demand_risk.record("first_token_timeout")  # HA: consolidation risk (spec §9.3)
+                f = LegFailure(
+                    "stream", "decode", d.iid, f"no first token within {self.first_token_timeout}s"
+                )
+                f.timed_out = True
+                raise f from None
+            except StreamError as exc:
+                raise LegFailure("stream", "decode", d.iid, str(exc)) from None
+            rec.first_token_at = self.core.clock.monotonic()
+            if buffered:
+                resp: web.StreamResponse = await self._assemble(stream, st, parsed, rec)
+            else:
+                resp = await self._relay(request, stream, st, parsed, rec, frames)
+            clean = True
+            self.breaker.record_success(d.iid, "decode")
+            return resp
+        finally:
+            d.resident_decode -= 1
+            if stream is not None:
+                if clean:
+                    stream.release()
+                else:
+                    stream.close()  # drop the connection: the engine sees the client leave
+
+    async def _assemble(
+        self, stream: DecodeStream, st: StreamState, parsed: ParsedRequest, rec: RequestRecord
+    ) -> web.Response:
+        """Buffered client: read the whole decode stream, answer one completion document."""
+        want = parsed.want_token_ids
+        try:
+            while (payload := await stream.next_data()) is not None:
+                process_chunk(payload, st, want, True)
+        except StreamError as exc:
+            raise LegFailure("stream", "decode", stream.iid, str(exc)) from None
+        rec.output_len = st.tokens
+        doc = assemble_response(st, parsed.endpoint, self.model, rec.rid, want)
+        finish(self.core, self.stats, rec, "served")
+        return web.Response(
+            body=orjson.dumps(doc), headers={"content-type": "application/json", "x-request-id": rec.rid}
+        )
+
+    async def _relay(
+        self,
+        request: web.Request,
+        stream: DecodeStream,
+        st: StreamState,
+        parsed: ParsedRequest,
+        rec: RequestRecord,
+        frames: list[bytes],
+    ) -> web.StreamResponse:
+        """Streaming client: relay SSE frames as they arrive; from here on no retry is possible."""
+        resp = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rec.rid})
+        request["narwhal_stream"] = resp
+        await resp.prepare(request)
+        rec.started = True
+        await resp.write(b"".join(frames))
+        want = parsed.want_token_ids
+        try:
+            while (payload := await stream.next_data()) is not None:
+                out, _ = process_chunk(payload, st, want, False)
+                await resp.write(b"data: " + out + b"\n\n")
+        except StreamError as exc:
+            raise LegFailure("stream", "decode", stream.iid, str(exc)) from None
+        finally:
+            rec.output_len = st.tokens
+        await resp.write(_DONE)
+        finish(self.core, self.stats, rec, "served")
+        with contextlib.suppress(*_DISCONNECTS):
+            await resp.write_eof()
+        return resp

@@ -1,0 +1,125 @@
+"""Decode-stream chunks: count tokens, strip engine-only fields, reassemble buffered answers. Pure."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from router.serving.parse import Endpoint
+
+
+class StreamError(Exception):
+    """A decode chunk the router cannot use (not JSON, or an engine error event)."""
+
+
+class StreamState:
+    """What the router learned from one decode stream so far."""
+
+    __slots__ = ("finish_reason", "meta", "prompt_tokens", "text", "token_ids", "tokens", "usage")
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.prompt_tokens: int | None = None
+        self.meta: dict[str, Any] = {}
+
+
+def process_chunk(payload: bytes, st: StreamState, want_ids: bool, assemble: bool) -> tuple[bytes, int]:
+    """Digest one ``data:`` payload. Returns (payload to relay, tokens it carried)."""
+    try:
+        obj = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        raise StreamError("decode stream chunk is not JSON") from None
+    if type(obj) is not dict:
+        raise StreamError("decode stream chunk is not a JSON object")
+    if "error" in obj:
+        err = obj["error"]
+        msg = err.get("message") if isinstance(err, dict) else err
+        raise StreamError(f"engine error in stream: {msg}")
+    changed = False
+    ptids = obj.get("prompt_token_ids")
+    if ptids is not None:
+        if type(ptids) is list:
+            st.prompt_tokens = len(ptids)
+        if not want_ids:
+            del obj["prompt_token_ids"]
+            changed = True
+    usage = obj.get("usage")
+    if usage:
+        st.usage = usage
+    n = 0
+    choices = obj.get("choices")
+    if type(choices) is list:
+        for ch in choices:
+            if type(ch) is not dict:
+                continue
+            tids = ch.get("token_ids")
+            if tids is not None:
+                if type(tids) is not list:
+                    raise StreamError("decode stream chunk has invalid token_ids")
+                n += len(tids)
+                if assemble and want_ids:
+                    st.token_ids.extend(tids)
+                if not want_ids:
+                    del ch["token_ids"]
+                    changed = True
+            cp = ch.get("prompt_token_ids")
+            if cp is not None:
+                if type(cp) is list:
+                    st.prompt_tokens = len(cp)
+                if not want_ids:
+                    del ch["prompt_token_ids"]
+                    changed = True
+            delta = ch.get("delta")
+            text = delta.get("content") if type(delta) is dict else ch.get("text")
+            if tids is None and text:
+                n += 1
+            if assemble and text:
+                st.text.append(text)
+            fin = ch.get("finish_reason")
+            if fin is not None:
+                st.finish_reason = fin
+    if assemble and not st.meta:
+        st.meta = {"id": obj.get("id"), "created": obj.get("created")}
+    st.tokens += n
+    return (orjson.dumps(obj) if changed else payload), n
+
+
+def assemble_response(
+    st: StreamState, endpoint: Endpoint, model: str, rid: str, want_ids: bool
+) -> dict[str, Any]:
+    """A normal (non-streaming) completion / chat.completion document from a decode stream."""
+    text = "".join(st.text)
+    created = st.meta.get("created") or int(time.time())
+    choice: dict[str, Any]
+    if endpoint == "chat":
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": st.finish_reason or "stop",
+        }
+        doc: dict[str, Any] = {"id": f"chatcmpl-{rid}", "object": "chat.completion"}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": st.finish_reason or "stop"}
+        doc = {"id": f"cmpl-{rid}", "object": "text_completion"}
+    if want_ids:
+        choice["token_ids"] = st.token_ids
+    doc["created"] = created
+    doc["model"] = model
+    doc["choices"] = [choice]
+    if st.usage:
+        doc["usage"] = st.usage
+    else:
+        prompt = st.prompt_tokens or 0
+        doc["usage"] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": st.tokens,
+            "total_tokens": prompt + st.tokens,
+        }
+    return doc

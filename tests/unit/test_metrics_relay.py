@@ -1,0 +1,120 @@
+"""Metrics rendering and decode-chunk processing (pure)."""
+
+from __future__ import annotations
+
+import orjson
+
+from router.assemble import RouterOptions, build_parts
+from router.clock import FakeClock
+from router.config import parse_fleet
+from router.core import RouterCore
+from router.journal import Journal
+from router.metrics import CONTENT_TYPE, Histogram
+from router.serving.relay import StreamState, assemble_response, process_chunk
+
+FLEET = {
+    "model": "m",
+    "engines": [{"iid": "e0", "url": "http://a", "role": "prefill"}, {"iid": "e1", "url": "http://b"}],
+}
+
+
+def core() -> RouterCore:
+    return RouterCore(config=parse_fleet(FLEET), journal=Journal(None), clock=FakeClock())
+
+
+def samples(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            out[k] = float(v)
+    return out
+
+
+def test_every_known_reason_is_emitted_from_zero() -> None:
+    c = core()
+    parts = build_parts(c, RouterOptions())
+    s = samples(parts.metrics.render())
+    assert s["narwhal_offered_total"] == 0
+    assert s['narwhal_failed_total{reason="engine_timeout"}'] == 0
+    assert s['narwhal_failed_total{reason="no_engine"}'] == 0
+    assert s['narwhal_rejected_total{reason="not_ready"}'] == 0
+    assert s['narwhal_rejected_total{reason="inflight_limit"}'] == 0
+    assert s['narwhal_expired_total{reason="deadline"}'] == 0
+    assert s["narwhal_router_ready"] == 1
+    assert s["narwhal_router_lease_epoch"] == 0
+    assert s['narwhal_engine_resident{iid="e0",phase="prefill"}'] == 0
+    assert s['narwhal_engine_ejected{iid="e1"}'] == 0
+    assert s['narwhal_engine_readmissions_total{iid="e1"}'] == 0
+    assert s['narwhal_ttft_seconds_bucket{le="+Inf"}'] == 0
+    assert CONTENT_TYPE.startswith("text/plain; version=0.0.4")
+
+
+def test_counters_ejections_and_extra_sources_render() -> None:
+    c = core()
+    parts = build_parts(c, RouterOptions())
+    c.counters.offer()
+    c.counters.finish("failed", "engine_error")
+    c.scheduler.engines["e0"].resident_prefill = 2
+    parts.breaker.eject("e1", "connection")
+    parts.metrics.extra_metric_sources.append(lambda: ["# TYPE narwhal_x gauge", "narwhal_x 7"])
+    parts.stats.ttft.observe(0.02)
+    s = samples(parts.metrics.render())
+    assert s['narwhal_failed_total{reason="engine_error"}'] == 1
+    assert s['narwhal_engine_resident{iid="e0",phase="prefill"}'] == 2
+    assert s['narwhal_engine_ejected{iid="e1"}'] == 1
+    assert s['narwhal_engine_ejections_total{iid="e1",cause="connection"}'] == 1
+    assert s["narwhal_x"] == 7
+    assert s['narwhal_ttft_seconds_bucket{le="0.01"}'] == 0
+    assert s['narwhal_ttft_seconds_bucket{le="0.025"}'] == 1
+    assert s["narwhal_ttft_seconds_count"] == 1
+
+
+def test_histogram_buckets_are_cumulative() -> None:
+    h = Histogram((1.0, 2.0))
+    for v in (0.5, 1.0, 1.5, 9.0):
+        h.observe(v)
+    lines = h.render("h", "help")
+    assert (
+        'h_bucket{le="1.0"} 2' in lines
+        and 'h_bucket{le="2.0"} 3' in lines
+        and 'h_bucket{le="+Inf"} 4' in lines
+    )
+
+
+def _chunk(**kw: object) -> bytes:
+    return orjson.dumps(kw)
+
+
+def test_chunk_strips_engine_fields_unless_asked() -> None:
+    st = StreamState()
+    raw = _chunk(
+        id="x",
+        choices=[{"index": 0, "text": " a", "token_ids": [5, 6], "prompt_token_ids": [1, 2, 3]}],
+        prompt_token_ids=[1, 2, 3],
+    )
+    out, n = process_chunk(raw, st, want_ids=False, assemble=True)
+    assert n == 2 and st.prompt_tokens == 3
+    doc = orjson.loads(out)
+    assert "prompt_token_ids" not in doc and "token_ids" not in doc["choices"][0]
+    st2 = StreamState()
+    out2, _ = process_chunk(raw, st2, want_ids=True, assemble=False)
+    assert out2 is raw  # untouched bytes are relayed as they came
+
+
+def test_chat_chunks_reassemble_with_usage() -> None:
+    st = StreamState()
+    for i, text in enumerate(["Hel", "lo"]):
+        delta = {"role": "assistant", "content": text} if i == 0 else {"content": text}
+        fin = "length" if i == 1 else None
+        process_chunk(
+            _chunk(id="c", created=5, choices=[{"delta": delta, "token_ids": [i], "finish_reason": fin}]),
+            st,
+            want_ids=False,
+            assemble=True,
+        )
+    doc = assemble_response(st, "chat", "m", "rid1", want_ids=False)
+    assert doc["object"] == "chat.completion" and doc["created"] == 5
+    assert doc["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
+    assert doc["choices"][0]["finish_reason"] == "length"
+    assert doc["usage"] == {"prompt_tokens": 0, "completion_tokens": 2, "total_tokens": 2}

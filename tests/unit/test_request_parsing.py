@@ -1,0 +1,141 @@
+"""Request parsing/validation for the completion routes (spec §11.1) and the engine leg bodies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from router.engines.legs import decode_body, find_descriptor, prefill_body
+from router.serving.errors import ClientError
+from router.serving.parse import parse_request
+
+MODEL = "m"
+
+
+def parse(body: Any, endpoint: str = "completions") -> Any:
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    return parse_request(raw, endpoint, MODEL)  # type: ignore[arg-type]
+
+
+def err(body: Any, endpoint: str = "completions") -> ClientError:
+    with pytest.raises(ClientError) as info:
+        parse(body, endpoint)
+    return info.value
+
+
+def test_valid_completion_and_chat() -> None:
+    p = parse({"model": MODEL, "prompt": "hi", "max_tokens": 3, "stream": True, "return_token_ids": True})
+    assert (p.stream, p.want_token_ids, p.include_usage) == (True, True, False)
+    c = parse(
+        {"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}, "chat"
+    )
+    assert c.body["model"] == MODEL and c.stream is False and c.include_usage is True
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": 3, "prompt": "x"}, "model"),
+        ({"prompt": "x", "stream": "yes"}, "stream"),
+        ({"prompt": "x", "n": "2"}, "n"),
+        ({"prompt": "x", "max_tokens": 1.5}, "max_tokens"),
+        ({"prompt": "x", "max_tokens": True}, "max_tokens"),
+        ({"prompt": "x", "max_completion_tokens": "4"}, "max_completion_tokens"),
+        ({"prompt": "x", "best_of": None, "n": 2}, "n"),
+        ({"prompt": "x", "best_of": 3}, "best_of"),
+        ({"prompt": 7}, "prompt"),
+        ({}, "prompt"),
+        ({"prompt": "x", "kv_transfer_params": {"do_remote_decode": True}}, "kv_transfer_params"),
+        ({"prompt": "x", "vllm_xargs": {"kv_transfer_params": {}}}, "vllm_xargs.kv_transfer_params"),
+        ({"prompt": "x", "vllm_xargs": {"ec_transfer_params": {}}}, "vllm_xargs.ec_transfer_params"),
+        ({"prompt": "x", "vllm_xargs": {"kv_cache_report_mode": 1}}, "vllm_xargs.kv_cache_report_mode"),
+    ],
+)
+def test_rejected_with_400_and_param(body: dict[str, Any], param: str) -> None:
+    e = err(body)
+    assert (e.status, e.type, e.param) == (400, "invalid_request_error", param)
+
+
+@pytest.mark.parametrize("messages", [None, [], "hi", [1], [{"role": "user"}, "x"]])
+def test_chat_messages_must_be_array_of_objects(messages: Any) -> None:
+    body: dict[str, Any] = {} if messages is None else {"messages": messages}
+    assert err(body, "chat").param == "messages"
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"[1,2]", b'"x"', b"null", b"\xff\xfe"])
+def test_body_must_be_a_json_object(raw: bytes) -> None:
+    e = err(raw)
+    assert e.status == 400 and e.type == "invalid_request_error"
+
+
+def test_unknown_model_is_404_model_not_found() -> None:
+    e = err({"model": "other", "prompt": "x"})
+    assert (e.status, e.code, e.param) == (404, "model_not_found", "model")
+
+
+def test_n_equal_one_is_fine() -> None:
+    assert parse({"prompt": ["a", "b"], "n": 1, "best_of": 1}).body["n"] == 1
+
+
+def test_prefill_body_shape() -> None:
+    client = {
+        "model": MODEL,
+        "prompt": "x",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "min_tokens": 2,
+        "n": 1,
+        "best_of": 1,
+        "max_completion_tokens": 9,
+        "temperature": 0.5,
+    }
+    body = orjson.loads(prefill_body(client, MODEL))
+    assert body == {
+        "model": MODEL,
+        "prompt": "x",
+        "stream": False,
+        "temperature": 0.5,
+        "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True},
+    }
+
+
+def test_decode_body_shape() -> None:
+    desc = {"remote_engine_id": "e0-1", "remote_block_ids": [1, 2]}
+    body = orjson.loads(decode_body({"prompt": "x", "stream": False, "max_tokens": 4}, MODEL, desc))
+    assert body == {
+        "prompt": "x",
+        "stream": True,
+        "max_tokens": 4,
+        "model": MODEL,
+        "return_token_ids": True,
+        "stream_interval": 1,
+        "kv_transfer_params": desc,
+    }
+    assert "kv_transfer_params" not in orjson.loads(decode_body({"prompt": "x"}, MODEL, None))
+
+
+@pytest.mark.parametrize(
+    ("doc", "ok"),
+    [
+        ({"kv_transfer_params": {"remote_engine_id": "a", "remote_block_ids": [1, 2]}}, True),
+        (
+            {
+                "choices": [
+                    {"kv_transfer_params": {"remote_engine_id": "a", "remote_block_ids": [[1], [2, 3]]}}
+                ]
+            },
+            True,
+        ),
+        ({"choices": [{"kv_transfer_params": None}]}, False),
+        ({"kv_transfer_params": {"remote_engine_id": 1, "remote_block_ids": [1]}}, False),
+        ({"kv_transfer_params": {"remote_engine_id": "a", "remote_block_ids": [-1]}}, False),
+        ({"kv_transfer_params": {"remote_engine_id": "a", "remote_block_ids": "1,2"}}, False),
+        ({"kv_transfer_params": {"remote_engine_id": "a"}}, False),
+        ([], False),
+    ],
+)
+def test_descriptor(doc: Any, ok: bool) -> None:
+    assert (find_descriptor(doc) is not None) is ok
