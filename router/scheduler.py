@@ -40,6 +40,7 @@ class Scheduler:
     inference_suspects: dict[str, set[str]] = field(default_factory=dict)  # iid -> producer ids ("" = none)
     fleet_hold: str = ""  # router-wide lifecycle hold reason ("" = none)
     on_eject: list[Callable[[str, str], None]] = field(default_factory=list)
+    _turn: int = 0
 
     @classmethod
     def from_specs(cls, specs: Iterable[EngineSpec]) -> Scheduler:
@@ -67,12 +68,19 @@ class Scheduler:
         ]
 
     def pick(self, phase: Role, exclude: Iterable[str] = ()) -> EngineRuntime | None:
-        """Least resident work among eligible engines labelled for ``phase``; else any unpinned one."""
-        skip = set(exclude)
+        """Least resident work among eligible engines labelled for ``phase``; else any unpinned one.
+
+        Ties rotate (the scan starts one engine further on each call), so equally loaded engines
+        share light traffic instead of the first one taking all of it.
+        """
+        candidates = self.eligible()
+        if not candidates:
+            return None
+        self._turn = (self._turn + 1) % len(candidates)
         best: EngineRuntime | None = None
         fallback: EngineRuntime | None = None
-        for e in self.eligible():
-            if e.iid in skip or not e.can_serve(phase):
+        for e in candidates[self._turn :] + candidates[: self._turn]:
+            if e.iid in exclude or not e.can_serve(phase):
                 continue
             if e.role == phase:
                 if best is None or e.resident < best.resident:

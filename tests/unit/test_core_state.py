@@ -129,3 +129,13 @@ def test_standby_router_is_not_ready_and_holds_prefill() -> None:
     assert core.ready_reason() == "shadowing"
     assert core.health_status() == "standby"
     assert core.prefill_hold_reason() == "standby: the primary router is serving"
+
+
+def test_equal_load_engines_share_light_traffic() -> None:
+    s = _scheduler()
+    picks = set()
+    for _ in range(4):
+        e = s.pick("decode")
+        assert e is not None
+        picks.add(e.iid)
+    assert picks == {"e1", "e2"}
