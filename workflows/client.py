@@ -1,0 +1,61 @@
+"""Temporal connection helpers shared by ``narwhal-worker`` and ``narwhal-restart``.
+
+Not a workflow module (never loaded into the sandbox).
+"""
+
+from __future__ import annotations
+
+import os
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
+
+DEFAULT_TASK_QUEUE = "narwhal-restart"
+SEARCH_ATTRIBUTES = {
+    "NarwhalFleet": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+    "NarwhalState": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+}
+# For `temporal server start-dev`: the same registrations as flags.
+DEV_SERVER_FLAGS = (
+    "--search-attribute",
+    "NarwhalFleet=Keyword",
+    "--search-attribute",
+    "NarwhalState=Keyword",
+)
+
+
+def default_address() -> str:
+    return os.environ.get("TEMPORAL_ADDRESS", "localhost:7233")
+
+
+def default_namespace() -> str:
+    return os.environ.get("TEMPORAL_NAMESPACE", "default")
+
+
+async def connect(address: str, namespace: str) -> Client:
+    return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+
+
+async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
+    """Register NarwhalFleet/NarwhalState (Keyword) if missing; returns the names added."""
+    try:
+        existing = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=namespace)
+        )
+        known = set(existing.custom_attributes) | set(existing.system_attributes)
+    except RPCError:
+        known = set()
+    missing = {k: v for k, v in SEARCH_ATTRIBUTES.items() if k not in known}
+    if not missing:
+        return []
+    try:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
+        )
+    except RPCError as exc:
+        if "already" not in str(exc).lower():
+            raise
+    return sorted(missing)

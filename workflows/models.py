@@ -1,0 +1,341 @@
+"""Inputs, outputs and the progress document of the restart workflows (and their activities).
+
+Everything that crosses the Temporal boundary is a pydantic model (serialised with
+``pydantic_data_converter``). Documents an operator reads — the progress document and the final
+result — carry ``schema`` + ``schema_version``. Secrets never appear here: the router control token
+travels as the *name* of an environment variable the worker reads.
+
+Imported by workflow code, so: stdlib + pydantic only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+PROGRESS_SCHEMA = "narwhal.restart-progress"
+RESULT_SCHEMA = "narwhal.restart-result"
+SCHEMA_VERSION = 1
+
+DeadlinePolicy = Literal["wait", "fail", "approve"]
+SupervisorBackend = Literal["local", "command", "manual"]
+RestartMode = Literal["rolling", "wave"]
+
+# Steps one engine goes through (EngineRestart) — also used for the whole wave (WaveRestart).
+Step = Literal[
+    "pending",
+    "draining",
+    "waiting_to_stop",
+    "awaiting_approval",
+    "restarting",
+    "waiting_for_new_process",
+    "readmitting",
+    "confirming",
+    "blocked",
+    "done",
+    "aborted",
+    "failed",
+    "refused",
+]
+WAITING_FOR_OPERATOR: frozenset[str] = frozenset({"awaiting_approval", "blocked"})
+FINAL_STEPS: frozenset[str] = frozenset({"done", "aborted", "failed", "refused"})
+Outcome = Literal["pending", "running", "restarted", "aborted", "failed", "refused"]
+RunState = Literal["starting", "running", "paused", "waiting_operator", "done", "aborted", "failed"]
+
+_FLEET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+def fleet_slug(text: str) -> str:
+    """A fleet name usable in workflow ids and as a search-attribute keyword."""
+    slug = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")
+    return (slug or "fleet")[:63]
+
+
+def fleet_workflow_id(fleet: str) -> str:
+    return f"narwhal-restart-{fleet}"
+
+
+def engine_workflow_id(fleet: str, iid: str) -> str:
+    return f"engine-restart-{fleet}-{iid}"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------------------------------------
+# Connection settings passed to activities (no secrets)
+
+
+class RouterRef(_Model):
+    """Where the lifecycle API lives: every router of the HA pair; the activity follows the holder."""
+
+    routers: list[str] = Field(min_length=1)
+    token_env: str = ""
+    request_timeout_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("routers")
+    @classmethod
+    def _strip(cls, v: list[str]) -> list[str]:
+        return [u.rstrip("/") for u in v]
+
+
+class SupervisorRef(_Model):
+    backend: SupervisorBackend = "local"
+    url: str = ""
+    command: str = ""
+    command_timeout_s: float = Field(default=300.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _strip(cls, v: str) -> str:
+        return v.rstrip("/")
+
+
+class Timing(_Model):
+    """Tunables of the waits (seconds). Defaults suit real engines; tests shrink them."""
+
+    poll_interval_s: float = Field(default=1.0, gt=0)
+    heartbeat_timeout_s: float = Field(default=15.0, gt=0)
+    restart_timeout_s: float = Field(default=600.0, gt=0)
+    new_process_timeout_s: float = Field(default=900.0, gt=0)
+    confirm_timeout_s: float = Field(default=120.0, gt=0)
+    router_call_timeout_s: float = Field(default=600.0, gt=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Workflow inputs
+
+
+class RestartPlan(_Model):
+    """What `narwhal-restart start` asks for. ``engines`` empty = every engine the router knows."""
+
+    fleet: str
+    mode: RestartMode = "rolling"
+    router: RouterRef
+    supervisor: SupervisorRef = Field(default_factory=SupervisorRef)
+    engines: list[str] = Field(default_factory=list)
+    engine_urls: dict[str, str] = Field(default_factory=dict)
+    max_unavailable: int = Field(default=1, ge=1)
+    deadline_s: float = Field(default=300.0, gt=0)
+    deadline_policy: DeadlinePolicy = "wait"
+    timing: Timing = Field(default_factory=Timing)
+    requested_by: str = ""
+
+    @field_validator("fleet")
+    @classmethod
+    def _fleet(cls, v: str) -> str:
+        if not _FLEET_RE.match(v):
+            raise ValueError(f"fleet name {v!r} must match {_FLEET_RE.pattern}")
+        return v
+
+
+class EngineRestartInput(_Model):
+    fleet: str
+    iid: str
+    engine_url: str = ""
+    router: RouterRef
+    supervisor: SupervisorRef = Field(default_factory=SupervisorRef)
+    deadline_s: float = Field(default=300.0, gt=0)
+    deadline_policy: DeadlinePolicy = "wait"
+    timing: Timing = Field(default_factory=Timing)
+    report_to_parent: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress / result documents
+
+
+class EngineProgress(_Model):
+    iid: str
+    step: Step = "pending"
+    outcome: Outcome = "pending"
+    router_state: str = ""
+    accepts_new: bool | None = None
+    checks: list[str] = Field(default_factory=list)
+    error: str = ""
+    old_process_start: float | None = None
+    new_process_start: float | None = None
+    restarted_by_us: bool = False
+    note: str = ""
+    waiting_for: str = ""
+    decisions: int = 0
+    started_at: float | None = None
+    finished_at: float | None = None
+    step_started_at: float | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+
+
+class RestartProgress(_Model):
+    schema_: Literal["narwhal.restart-progress"] = Field(default="narwhal.restart-progress", alias="schema")
+    schema_version: Literal[1] = 1
+    fleet: str
+    mode: RestartMode
+    workflow_id: str = ""
+    state: RunState = "starting"
+    paused: bool = False
+    abort_requested: bool = False
+    message: str = ""
+    deadline_policy: DeadlinePolicy = "wait"
+    max_unavailable: int = 1
+    supervisor: SupervisorBackend = "local"
+    wave_id: str = ""
+    started_at: float | None = None
+    updated_at: float | None = None
+    engines: dict[str, EngineProgress] = Field(default_factory=dict)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+
+class RestartResult(_Model):
+    schema_: Literal["narwhal.restart-result"] = Field(default="narwhal.restart-result", alias="schema")
+    schema_version: Literal[1] = 1
+    fleet: str
+    mode: RestartMode
+    ok: bool
+    state: RunState
+    message: str = ""
+    started_at: float | None = None
+    finished_at: float | None = None
+    engines: dict[str, EngineProgress] = Field(default_factory=dict)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Operator messages
+
+
+class OperatorRequest(_Model):
+    """Body of the `approve` / `retry` / `abort` updates. ``iid`` empty = the engine that waits."""
+
+    iid: str = ""
+    by: str = ""
+    reason: str = ""
+
+
+class OperatorAnswer(_Model):
+    accepted: bool
+    message: str
+
+
+class Decision(_Model):
+    """What a parent forwards to an engine child (signal ``decide``)."""
+
+    kind: Literal["approve", "retry", "abort"]
+    by: str = ""
+    reason: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Activity inputs / outputs
+
+
+class EngineView(_Model):
+    """The part of one `narwhal.lifecycle` engine entry the workflows use."""
+
+    state: str
+    draining: bool = False
+    accepts_new: bool = False
+    ready_to_stop: bool = False
+    resident: int = 0
+    old_process_start: float | None = None
+    new_process_start: float | None = None
+    restart_required: bool = False
+    wave_id: str = ""
+    checks: list[str] = Field(default_factory=list)
+    error: str = ""
+
+
+class FleetView(_Model):
+    """`GET /narwhal/lifecycle` (+ roles from the handoff) as seen on the lease holder."""
+
+    router_url: str
+    controls_fleet: bool
+    ready: bool
+    wave_id: str = ""
+    wave_active: bool = False
+    wave_ready_to_stop: bool = False
+    engine_restart_policy: str = "individual"
+    engines: dict[str, EngineView] = Field(default_factory=dict)
+    roles: dict[str, str] = Field(default_factory=dict)
+    model: str = ""
+
+
+class DrainRequest(_Model):
+    router: RouterRef
+    engines: list[str]
+    wave: bool = False
+    deadline_s: float = Field(default=300.0, gt=0)
+
+
+class DrainOutcome(_Model):
+    """A drain that holds its targets. ``capture_failures`` non-empty = the router answered 503
+    (identity unreadable, targets held): start those engines under the hold and drain again."""
+
+    engines: dict[str, EngineView] = Field(default_factory=dict)
+    wave_id: str = ""
+    capture_failures: dict[str, str] = Field(default_factory=dict)
+    already_active: bool = False
+
+
+class StopWaitRequest(_Model):
+    router: RouterRef
+    engines: list[str]
+    wave: bool = False
+    stop_on_deadline: bool = True
+    poll_interval_s: float = Field(default=1.0, gt=0)
+
+
+class StopWait(_Model):
+    status: Literal["ready_to_stop", "deadline_exceeded", "unexpected"]
+    engines: dict[str, EngineView] = Field(default_factory=dict)
+    message: str = ""
+
+
+class ReadmitRequest(_Model):
+    router: RouterRef
+    engines: list[str]
+    wave: bool = False
+    old_process_starts: dict[str, float] = Field(default_factory=dict)
+
+
+class ReadmitOutcome(_Model):
+    engines: dict[str, EngineView] = Field(default_factory=dict)
+    already_active: bool = False
+
+
+class ConfirmRequest(_Model):
+    router: RouterRef
+    engines: list[str]
+    require_ready: bool = False
+
+
+class EngineTarget(_Model):
+    """One engine as the supervisor activities see it."""
+
+    iid: str
+    url: str = ""
+    old_process_start: float
+    supervisor: SupervisorRef
+
+
+class RestartOutcome(_Model):
+    iid: str
+    restarted: bool
+    note: str = ""
+    old_pid: int | None = None
+    new_pid: int | None = None
+    new_process_start: float | None = None
+
+
+class NewProcess(_Model):
+    iid: str
+    process_start: float
+
+
+class StartEngineRequest(_Model):
+    iid: str
+    supervisor: SupervisorRef

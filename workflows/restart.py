@@ -1,0 +1,365 @@
+"""Restart workflows — the runbooks of spec §13 as durable plans.
+
+- ``EngineRestart``: one engine — drain, wait until ``ready_to_stop`` (deadline policy), restart
+  through the supervisor backend, wait for a newer process, readmit, confirm ``active`` +
+  ``accepts_new``. A refused readmission leaves the engine blocked and waits for ``retry``/``abort``.
+- ``RollingRestart``: engines one (or ``max_unavailable``) at a time as child ``EngineRestart``s,
+  never draining the last eligible engine of a role; stops at the first engine that fails.
+- ``WaveRestart`` (workflows/wave.py): the whole fleet as one set (§13.2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.router import LifecycleActivities
+    from workflows.models import (
+        FINAL_STEPS,
+        WAITING_FOR_OPERATOR,
+        Decision,
+        EngineProgress,
+        EngineRestartInput,
+        FleetView,
+        OperatorAnswer,
+        OperatorRequest,
+        RestartPlan,
+        RestartProgress,
+        RestartResult,
+        RunState,
+        engine_workflow_id,
+        fleet_workflow_id,
+    )
+    from workflows.steps import ABORTABLE, FLEET_KEY, STATE_KEY, RunbookSteps, cause_message, details_table
+    from workflows.wave import WaveRestart
+
+__all__ = ["EngineRestart", "RollingRestart", "WaveRestart", "pick_batch"]
+
+
+@workflow.defn(name="EngineRestart")
+class EngineRestart(RunbookSteps):
+    @workflow.init
+    def __init__(self, inp: EngineRestartInput) -> None:
+        self._setup(
+            fleet=inp.fleet, router=inp.router, supervisor=inp.supervisor, timing=inp.timing,
+            deadline_s=inp.deadline_s, deadline_policy=inp.deadline_policy,
+            engine_urls={inp.iid: inp.engine_url} if inp.engine_url else {},
+        )  # fmt: skip
+        self.inp = inp
+        self.engines[inp.iid] = EngineProgress(iid=inp.iid)
+
+    def state_keyword(self) -> str:
+        return self.engines[self.inp.iid].step
+
+    def header(self) -> str:
+        return f"**{self.inp.iid}** of fleet **{self.fleet}** (deadline {self.deadline_s}s, policy {self.deadline_policy})"
+
+    async def on_change(self) -> None:
+        parent = workflow.info().parent
+        if self.inp.report_to_parent and parent is not None:
+            handle = workflow.get_external_workflow_handle(parent.workflow_id)
+            await handle.signal("engine_progress", self.engines[self.inp.iid])
+
+    @workflow.run
+    async def run(self, inp: EngineRestartInput) -> EngineProgress:
+        workflow.upsert_search_attributes([FLEET_KEY.value_set(inp.fleet)])
+        iids = [inp.iid]
+        if self.decision is not None and self.decision.kind == "abort":
+            await self.take_decision(iids, {"abort"})
+            await self.step(iids, "aborted", note="aborted before the drain")
+        elif await self.drain(iids, wave=False) and await self.wait_to_stop(iids, wave=False):
+            if await self.restart(iids):
+                await self.readmit(iids, wave=False)
+        self.finished = True
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self.engines[inp.iid]
+
+    @workflow.query
+    def progress(self) -> EngineProgress:
+        return self.engines[self.inp.iid]
+
+    @workflow.signal
+    def decide(self, d: Decision) -> None:
+        """From the parent RollingRestart (updates cannot be sent workflow-to-workflow)."""
+        if self.decision_applicable(d):
+            self.decision = d
+        else:
+            workflow.logger.warning("ignoring %s: not applicable at step %s", d.kind, self.state_keyword())
+
+    @workflow.update
+    async def approve(self, req: OperatorRequest) -> OperatorAnswer:
+        return await self.apply_decision("approve", req)
+
+    @approve.validator
+    def _approve_ok(self, req: OperatorRequest) -> None:
+        self.validate_decision("approve", req)
+
+    @workflow.update
+    async def retry(self, req: OperatorRequest) -> OperatorAnswer:
+        return await self.apply_decision("retry", req)
+
+    @retry.validator
+    def _retry_ok(self, req: OperatorRequest) -> None:
+        self.validate_decision("retry", req)
+
+    @workflow.update
+    async def abort(self, req: OperatorRequest) -> OperatorAnswer:
+        return await self.apply_decision("abort", req)
+
+    @abort.validator
+    def _abort_ok(self, req: OperatorRequest) -> None:
+        self.validate_decision("abort", req)
+
+
+def pick_batch(queue: list[str], view: FleetView, max_unavailable: int) -> tuple[list[str], str]:
+    """Next engines to restart together, in queue order, keeping one eligible engine per role.
+
+    Returns (batch, refusal); an empty batch comes with the reason the head of the queue can
+    never be drained alone.
+    """
+    eligible = {i for i, e in view.engines.items() if e.accepts_new}
+    batch: list[str] = []
+    for iid in queue:
+        if len(batch) >= max_unavailable:
+            break
+        e = view.engines.get(iid)
+        if e is None or e.state != "active" or not e.accepts_new:
+            why = "unknown to the router" if e is None else f"{e.state}, accepts_new={e.accepts_new}"
+            return (batch, "") if batch else ([], f"{iid} is not serving ({why})")
+        role = view.roles.get(iid, "any")
+        left = eligible - set(batch) - {iid}
+        same_role = [o for o in left if view.roles.get(o, "any") == role]
+        if not left or not same_role:
+            if batch:
+                break
+            return [], f"{iid} is the last eligible {role if role != 'any' else ''} engine".replace("  ", " ")
+        batch.append(iid)
+    return batch, ""
+
+
+@workflow.defn(name="RollingRestart")
+class RollingRestart:
+    @workflow.init
+    def __init__(self, plan: RestartPlan) -> None:
+        self.plan = plan
+        self.paused = False
+        self.abort_requested = False
+        self.finished = False
+        self.p = RestartProgress(
+            fleet=plan.fleet, mode="rolling", workflow_id=workflow.info().workflow_id,
+            deadline_policy=plan.deadline_policy, max_unavailable=plan.max_unavailable,
+            supervisor=plan.supervisor.backend,
+        )  # fmt: skip
+        self._sa_state = ""
+
+    # -- progress --------------------------------------------------------------------------------
+
+    def _state(self) -> RunState:
+        if any(e.step in WAITING_FOR_OPERATOR for e in self.p.engines.values()):
+            return "waiting_operator"
+        return "paused" if self.paused else "running"
+
+    def _publish(self, state: RunState | None = None, message: str | None = None) -> None:
+        self.p.state = state or self._state()
+        self.p.paused = self.paused
+        self.p.abort_requested = self.abort_requested
+        if message is not None:
+            self.p.message = message
+        self.p.updated_at = workflow.now().timestamp()
+        head = f"**{self.p.fleet}** rolling restart — {self.p.state}. {self.p.message}"
+        workflow.set_current_details(details_table(self.p.engines.values(), head))
+        if self.p.state != self._sa_state:
+            self._sa_state = self.p.state
+            workflow.upsert_search_attributes([STATE_KEY.value_set(self.p.state)])
+
+    async def _read_fleet(self) -> FleetView:
+        return await workflow.execute_activity_method(
+            LifecycleActivities.read_fleet,
+            self.plan.router,
+            start_to_close_timeout=timedelta(seconds=self.plan.router.request_timeout_s * 3 + 5),
+            schedule_to_close_timeout=timedelta(seconds=self.plan.timing.router_call_timeout_s),
+            summary="read the fleet's lifecycle",
+        )
+
+    # -- the plan --------------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, plan: RestartPlan) -> RestartResult:
+        self.p.started_at = workflow.now().timestamp()
+        workflow.upsert_search_attributes([FLEET_KEY.value_set(plan.fleet)])
+        view = await self._read_fleet()
+        queue = list(plan.engines) or sorted(view.engines)
+        for iid in queue:
+            self.p.engines[iid] = EngineProgress(
+                iid=iid, router_state=view.engines[iid].state if iid in view.engines else ""
+            )
+        self._publish(message=f"{len(queue)} engine(s), {plan.max_unavailable} at a time")
+        failed = ""
+        while queue and not failed:
+            if self.paused:
+                self._publish(message="paused between engines")
+                await workflow.wait_condition(lambda: not self.paused or self.abort_requested)
+            if self.abort_requested:
+                break
+            view = await self._read_fleet()
+            batch, refusal = pick_batch(queue, view, plan.max_unavailable)
+            if not batch:
+                iid = queue[0]
+                self.p.engines[iid].step, self.p.engines[iid].outcome = "refused", "refused"
+                self.p.engines[iid].error = refusal
+                failed = refusal
+                break
+            self._publish(message=f"restarting {', '.join(batch)}")
+            results = await asyncio.gather(*(self._child(iid) for iid in batch))
+            queue = [i for i in queue if i not in batch]
+            bad = [r for r in results if r.outcome != "restarted"]
+            if bad:
+                failed = "; ".join(f"{r.iid} {r.outcome}: {r.error or r.note}" for r in bad)
+        ok = not failed and not queue
+        aborted = self.abort_requested or any(e.outcome == "aborted" for e in self.p.engines.values())
+        state: RunState = "done" if ok else ("aborted" if aborted else "failed")
+        message = (
+            "every engine restarted and readmitted"
+            if ok
+            else (failed or "aborted before the remaining engines")
+        )
+        self.p.message = message
+        self.finished = True
+        self._publish(state=state, message=message)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return RestartResult(
+            fleet=plan.fleet, mode="rolling", ok=ok, state=state, message=message,
+            started_at=self.p.started_at, finished_at=workflow.now().timestamp(), engines=self.p.engines,
+        )  # fmt: skip
+
+    async def _child(self, iid: str) -> EngineProgress:
+        plan = self.plan
+        inp = EngineRestartInput(
+            fleet=plan.fleet, iid=iid, engine_url=plan.engine_urls.get(iid, ""), router=plan.router,
+            supervisor=plan.supervisor, deadline_s=plan.deadline_s, deadline_policy=plan.deadline_policy,
+            timing=plan.timing, report_to_parent=True,
+        )  # fmt: skip
+        try:
+            result = await workflow.execute_child_workflow(
+                EngineRestart.run,
+                inp,
+                id=engine_workflow_id(plan.fleet, iid),
+                static_summary=f"restart {iid} ({plan.fleet})",
+                static_details=f"Part of `{fleet_workflow_id(plan.fleet)}`; supervisor `{plan.supervisor.backend}`, "
+                f"drain deadline {plan.deadline_s}s, policy `{plan.deadline_policy}`.",
+            )
+        except WorkflowAlreadyStartedError:
+            result = self.p.engines[iid].model_copy(
+                update={
+                    "step": "failed",
+                    "outcome": "failed",
+                    "error": f"{engine_workflow_id(plan.fleet, iid)} is already running",
+                }
+            )
+        except ChildWorkflowError as exc:
+            result = self.p.engines[iid].model_copy(
+                update={"step": "failed", "outcome": "failed", "error": cause_message(exc)}
+            )
+        self.p.engines[iid] = result
+        self._publish()
+        return result
+
+    # -- operator controls -------------------------------------------------------------------------
+
+    @workflow.query
+    def progress(self) -> RestartProgress:
+        return self.p
+
+    @workflow.signal
+    def pause(self) -> None:
+        self.paused = True
+        self._publish(message="pause requested: takes effect between engines")
+
+    @workflow.signal
+    def resume(self) -> None:
+        self.paused = False
+        self._publish(message="resumed")
+
+    @workflow.signal
+    async def engine_progress(self, e: EngineProgress) -> None:
+        if e.iid not in self.p.engines or self.p.engines[e.iid].step in FINAL_STEPS:
+            return
+        self.p.engines[e.iid] = e
+        self._publish()
+        if self.abort_requested and e.step in WAITING_FOR_OPERATOR:
+            await self._forward(e.iid, Decision(kind="abort", reason="rollout aborted"))
+
+    async def _forward(self, iid: str, d: Decision) -> None:
+        handle = workflow.get_external_workflow_handle(engine_workflow_id(self.plan.fleet, iid))
+        await handle.signal("decide", d)
+
+    def _target(self, kind: str, req: OperatorRequest) -> str:
+        wanted = {"approve": {"awaiting_approval"}, "retry": {"blocked"}}[kind]
+        if req.iid:
+            e = self.p.engines.get(req.iid)
+            if e is None:
+                raise ValueError(f"unknown engine {req.iid}")
+            if e.step not in wanted:
+                raise ValueError(f"{kind}: {req.iid} is {e.step}, not {' or '.join(sorted(wanted))}")
+            return req.iid
+        waiting = [e.iid for e in self.p.engines.values() if e.step in wanted]
+        if len(waiting) != 1:
+            raise ValueError(f"{kind}: name the engine (waiting: {waiting or 'none'})")
+        return waiting[0]
+
+    async def _decide(self, kind: str, req: OperatorRequest) -> OperatorAnswer:
+        iid = self._target(kind, req)
+        before = self.p.engines[iid].decisions
+        await self._forward(iid, Decision(kind=kind, by=req.by, reason=req.reason))
+        try:
+            await workflow.wait_condition(
+                lambda: self.p.engines[iid].decisions > before, timeout=timedelta(seconds=60)
+            )
+        except TimeoutError:
+            return OperatorAnswer(accepted=True, message=f"{kind} sent to {iid}; not acknowledged yet")
+        return OperatorAnswer(
+            accepted=True, message=f"{kind} applied to {iid} (now {self.p.engines[iid].step})"
+        )
+
+    @workflow.update
+    async def approve(self, req: OperatorRequest) -> OperatorAnswer:
+        return await self._decide("approve", req)
+
+    @approve.validator
+    def _approve_ok(self, req: OperatorRequest) -> None:
+        self._target("approve", req)
+
+    @workflow.update
+    async def retry(self, req: OperatorRequest) -> OperatorAnswer:
+        return await self._decide("retry", req)
+
+    @retry.validator
+    def _retry_ok(self, req: OperatorRequest) -> None:
+        self._target("retry", req)
+
+    @workflow.update
+    async def abort(self, req: OperatorRequest) -> OperatorAnswer:
+        """Stop the rollout (no further engines); engines waiting for an operator end held.
+        With ``iid``: also abort that engine while it still waits to stop."""
+        self.abort_requested = True
+        waiting = [
+            e.iid
+            for e in self.p.engines.values()
+            if e.step in WAITING_FOR_OPERATOR or (e.iid == req.iid and e.step in ABORTABLE)
+        ]
+        for iid in waiting:
+            await self._forward(iid, Decision(kind="abort", by=req.by, reason=req.reason))
+        self._publish(message="abort requested: no further engines will be restarted")
+        held = f"; {', '.join(waiting)} end held" if waiting else ""
+        return OperatorAnswer(accepted=True, message=f"abort accepted{held}")
+
+    @abort.validator
+    def _abort_ok(self, req: OperatorRequest) -> None:
+        if self.finished:
+            raise ValueError("the restart already finished")
+        if req.iid and req.iid not in self.p.engines:
+            raise ValueError(f"unknown engine {req.iid}")
