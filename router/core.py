@@ -12,6 +12,7 @@ from router.clock import Clock, SystemClock
 from router.config import FleetConfig
 from router.counters import Counters
 from router.ha.control import ControlState
+from router.ha.demand_risk import DemandRisk
 from router.journal import Journal
 from router.scheduler import Scheduler
 
@@ -29,11 +30,15 @@ class RouterCore:
     started_wall: float = field(init=False)
     started_mono: float = field(init=False)
     extras: dict[str, Any] = field(default_factory=dict)
+    # consolidation-risk events (spec §9.3): serving records "first_token_timeout" here
+    demand_risk: DemandRisk = field(init=False)
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler.from_specs(self.config.engines)
         self.started_wall = self.clock.wall()
         self.started_mono = self.clock.monotonic()
+        self.demand_risk = DemandRisk(self.clock)
+        self.extras.setdefault("demand_risk", self.demand_risk)
 
     # -- predicates (spec §3.4) -------------------------------------------------------------
     def controls_fleet(self) -> bool:

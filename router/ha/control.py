@@ -37,6 +37,17 @@ class ControlState:
     def holder(self) -> str:
         return self.lease.holder if self.lease is not None and self.controls_fleet() else ""
 
+    def fence(self, reason: str) -> None:
+        """Lose control for good (until a process restart): a fenced router never re-claims."""
+        self.standby = True
+        self.failover_blocked = reason or "fenced"
+
+    def take_control(self, lease: LeaseView | None) -> None:
+        """A standby that claimed the lease and applied the handoff becomes the active router."""
+        self.lease = lease
+        self.failover_blocked = ""
+        self.standby = False
+
     def fenced(self) -> bool:
         if self.failover_blocked:
             return True

@@ -8,9 +8,8 @@ the client. Resident counts on the scheduler track every leg precisely (try/fina
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import uuid
+import random
 from typing import TYPE_CHECKING, Protocol
 
 import orjson
@@ -33,6 +32,8 @@ log = logging.getLogger("narwhal.serving")
 _SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 _DONE = b"data: [DONE]\n\n"
 _DISCONNECTS = (ConnectionResetError, ConnectionError)
+# Request ids: 128 random bits as 32 hex digits (the shape of uuid4().hex, without its syscall).
+_randbits = random.Random().getrandbits  # seeded from os.urandom once
 
 
 class DecisionSink(Protocol):
@@ -89,7 +90,7 @@ class Serving:
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         core = self.core
         core.counters.offer()
-        rec = RequestRecord(uuid.uuid4().hex, core.clock.monotonic())
+        rec = RequestRecord(f"{_randbits(128):032x}", core.clock.monotonic())
         rec.client_rid = request.headers.get("x-request-id")
         if not core.ready():
             return self._not_ready(rec)
@@ -357,18 +358,32 @@ class Serving:
         request["narwhal_stream"] = resp
         await resp.prepare(request)
         rec.started = True
-        await resp.write(b"".join(frames))
         want = parsed.want_token_ids
+        # Frames already in hand (the first token's, plus any that arrived with it) go out in one
+        # write; after that, every burst of events read together is relayed with one write.
+        payloads, done = stream.ready()
         try:
-            while (payload := await stream.next_data()) is not None:
-                out, _ = process_chunk(payload, st, want, False)
-                await resp.write(b"data: " + out + b"\n\n")
+            while True:
+                for payload in payloads:
+                    try:
+                        out, _ = process_chunk(payload, st, want, False)
+                    except StreamError:
+                        if frames:  # relay the good frames before the bad one, as they came
+                            await resp.write(b"".join(frames))
+                        raise
+                    frames.append(b"data: " + out + b"\n\n")
+                if done:
+                    frames.append(_DONE)
+                    break
+                if frames:
+                    await resp.write(b"".join(frames) if len(frames) > 1 else frames[0])
+                    frames.clear()
+                payloads, done = await stream.next_events()
         except StreamError as exc:
             raise LegFailure("stream", "decode", stream.iid, str(exc)) from None
         finally:
             rec.output_len = st.tokens
-        await resp.write(_DONE)
+        # The last frames, [DONE] and the end of the chunked body: one write.
+        await resp.write_eof(b"".join(frames))
         finish(self.core, self.stats, rec, "served")
-        with contextlib.suppress(*_DISCONNECTS):
-            await resp.write_eof()
         return resp

@@ -1,0 +1,279 @@
+"""The HA component: lease claim + renewal (fencing), state-file persistence, ``--resume``, warm
+standby and ``GET /narwhal/handoff`` (spec §2.3–2.6, §3.3).
+
+It is a ``router.app.Component``. Other components reach it through the core:
+``core.extras["persist"]()`` writes the state file now (the lifecycle calls it after every change;
+a no-op on a standby or fenced router), ``core.extras["ha"]`` is this object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import shutil
+from collections.abc import Coroutine, Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from router.core import RouterCore
+from router.ha import statefile, transfer
+from router.ha.handoff import Handoff
+from router.ha.lease import Lease, LeaseError
+from router.ha.settings import HARuntime
+from router.ha.standby import StandbyLoop
+
+log = logging.getLogger("narwhal.ha")
+RENEWAL_FAILED = "lease renewal failed"
+
+
+def resume_epoch_problem(doc: Handoff, claimed: int) -> str:
+    """With a lease, only the document of the epoch just before ours may be resumed."""
+    if doc.epoch == claimed - 1:
+        return ""
+    if doc.epoch < claimed - 1:
+        return f"handoff epoch {doc.epoch} is older than the fleet's last lease epoch {claimed - 1}"
+    return f"handoff epoch {doc.epoch} cannot precede claimed epoch {claimed}"
+
+
+class HAService:
+    def __init__(self, core: RouterCore, settings: HARuntime, lease: Lease | None = None) -> None:
+        self.core = core
+        self.settings = settings
+        lease_settings = settings.lease_settings()
+        self.lease = (
+            lease
+            if lease is not None
+            else (Lease(lease_settings, clock=core.clock) if lease_settings else None)
+        )
+        core.control.lease = self.lease  # unowned until claimed: no control before start()
+        self.standby_loop: StandbyLoop | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._controlled_at_shutdown: bool | None = None
+        self.resume_result: tuple[bool, str] | None = None
+        self.takeover_gap_s: float | None = None
+        self.persist_failures = 0
+        core.extras["ha"] = self
+        core.extras["persist"] = self.persist
+
+    # -- component protocol ----------------------------------------------------------------------
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/narwhal/handoff", self.handoff_route)
+        app.on_shutdown.append(self._on_shutdown)
+
+    async def start(self) -> None:
+        control = self.core.control
+        hooks = getattr(transfer.find_lifecycle(self.core), "persist_hooks", None)
+        if isinstance(hooks, list) and self.persist not in hooks:
+            hooks.append(self.persist)  # the state file follows every lifecycle change
+        if self.settings.standby_of:
+            assert self.lease is not None  # HARuntime: --standby-of requires --lease-path
+            control.standby = True
+            self.standby_loop = StandbyLoop(self.core, self.settings, self.lease, self._activate)
+            self._spawn(self.standby_loop.run(), "narwhal-standby")
+            log.info("standby of %s (lease %s)", self.settings.standby_of, self.settings.lease_path)
+            return
+        if self.lease is not None and not await self._claim_at_start(self.lease):
+            return  # fenced: no resume, no renewal, never a second claim
+        if self.settings.resume:
+            self.resume()
+        self._start_loops()
+
+    async def stop(self) -> None:
+        controlled = self._controlled_at_shutdown
+        if controlled is None:
+            controlled = self.core.controls_fleet()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if controlled and self.core.controls_fleet():
+            self.persist()  # final snapshot with the latest counters
+        if self.lease is not None and self.lease.owned:
+            await asyncio.to_thread(self.lease.release)
+
+    async def _on_shutdown(self, _: web.Application) -> None:
+        self._controlled_at_shutdown = self.core.controls_fleet()
+
+    # -- lease -----------------------------------------------------------------------------------
+    async def _claim_at_start(self, lease: Lease) -> bool:
+        control = self.core.control
+        try:
+            claimed = await asyncio.to_thread(lease.claim)
+        except LeaseError as exc:
+            control.fence(f"lease unavailable: {exc}")
+            log.error("router fenced: %s", control.failover_blocked)
+            return False
+        if not claimed:
+            control.fence("lease held by another router")
+            log.error("router fenced: lease %s held by another router", self.settings.lease_path)
+            return False
+        log.info("lease claimed: epoch %d holder %s", lease.epoch, lease.holder)
+        return True
+
+    async def _renew_loop(self, lease: Lease) -> None:
+        while lease.owned:
+            await asyncio.sleep(self.settings.lease_renew_interval_s)
+            if not lease.owned:
+                return
+            if await asyncio.to_thread(lease.renew):
+                continue
+            self.core.control.fence(RENEWAL_FAILED)
+            log.error("router fenced: lease renewal failed for epoch %d", lease.epoch)
+            return
+
+    # -- persistence -----------------------------------------------------------------------------
+    def persist(self) -> bool:
+        """Write the live handoff to ``recovery.state_path``; only the controlling router writes."""
+        if not self.core.controls_fleet():
+            return False
+        try:
+            statefile.write(self.settings.state_path, transfer.build(self.core))
+        except (OSError, ValueError) as exc:
+            self.persist_failures += 1
+            log.warning("cannot write handoff %s: %s", self.settings.state_path, exc)
+            return False
+        return True
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.persist_interval_s)
+            if not self.core.controls_fleet():
+                continue
+            try:
+                doc = transfer.build(self.core)
+                await asyncio.to_thread(statefile.write, self.settings.state_path, doc)
+            except (OSError, ValueError) as exc:
+                self.persist_failures += 1
+                log.warning("cannot write handoff %s: %s", self.settings.state_path, exc)
+
+    def resume(self) -> tuple[bool, str]:
+        """``--resume``: apply the state file, all or nothing; a refusal is logged with its reason."""
+        path = Path(self.settings.state_path)
+        doc, why = statefile.load_reason(path)
+        if doc is not None and self.lease is not None and self.lease.owned:
+            why = resume_epoch_problem(doc, self.lease.epoch)
+        applied = False
+        if not why:
+            applied, why = transfer.apply(self.core, doc)
+        self.resume_result = (applied, why)
+        if applied:
+            log.info("%s", why)
+            return applied, why
+        log.warning("handoff not applied (%s): %s", path, why)
+        self._keep_rejected(path)
+        if self.core.config.engine_contract is not None and path.exists():
+            self._restart_wave(f"handoff rejected: {why}")
+        return applied, why
+
+    @staticmethod
+    def _keep_rejected(path: Path) -> None:
+        """The next periodic write replaces the refused file: keep a copy as evidence."""
+        if not path.exists():
+            return
+        try:
+            shutil.copyfile(path, path.with_name(path.name + ".rejected"))
+        except OSError as exc:
+            log.warning("cannot keep a copy of the refused handoff %s: %s", path, exc)
+
+    def _restart_wave(self, reason: str) -> None:
+        lifecycle = transfer.find_lifecycle(self.core)
+        require = getattr(lifecycle, "require_restart_wave", None) or getattr(
+            getattr(lifecycle, "machine", None), "require_restart_wave", None
+        )
+        if require is not None:
+            require(reason)
+        else:  # no lifecycle machine attached: still hold the whole fleet, fail closed
+            self.core.scheduler.fleet_hold = f"whole-wave restart required: {reason}"
+
+    # -- takeover (called by the standby loop once the lease is ours and the handoff applied) ----
+    async def _activate(self, lease: Lease) -> str:
+        core = self.core
+        core.control.take_control(lease)
+        check = core.extras.get("identity_check")
+        if callable(check):
+            core.identities_ready = False
+            try:
+                result = check()
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception as exc:
+                log.warning("identity validation after takeover failed: %s: %s", type(exc).__name__, exc)
+        elif core.config.engine_contract is not None:
+            core.identities_ready = False  # pending: the lifecycle monitor validates the identities
+        if not lease.valid():
+            core.control.standby = True
+            return "lease expired during identity validation"
+        self._start_loops()
+        loop = self.standby_loop
+        if loop is not None and loop.last_good_mono is not None:
+            self.takeover_gap_s = core.clock.monotonic() - loop.last_good_mono
+        self.persist()
+        return ""
+
+    def _start_loops(self) -> None:
+        if self.lease is not None and self.lease.owned:
+            self._spawn(self._renew_loop(self.lease), "narwhal-lease-renewal")
+        self._spawn(self._persist_loop(), "narwhal-handoff-writer")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        task.add_done_callback(_log_crash)
+        self._tasks.append(task)
+
+    # -- views -----------------------------------------------------------------------------------
+    async def handoff_route(self, _: web.Request) -> web.Response:
+        try:
+            body = orjson.dumps(transfer.build(self.core).dump())
+        except ValueError as exc:  # our own state fails validation: say so, publish nothing
+            err = {"error": {"message": f"handoff unavailable: {exc}", "type": "internal"}}
+            return web.Response(status=500, body=orjson.dumps(err), content_type="application/json")
+        return web.Response(body=body, content_type="application/json")
+
+    def state(self) -> dict[str, Any]:
+        """The ``ha`` section of ``/narwhal/state``."""
+        control, lease, loop = self.core.control, self.lease, self.standby_loop
+        return {
+            "controls_fleet": self.core.controls_fleet(),
+            "standby": control.standby,
+            "fenced": control.fenced(),
+            "blocked": control.failover_blocked,
+            "epoch": control.epoch,
+            "holder": control.holder,
+            "lease_path": self.settings.lease_path,
+            "lease_valid": lease.valid() if lease is not None else None,
+            "lease_remaining_s": round(lease.remaining(), 3) if lease is not None else None,
+            "standby_of": self.settings.standby_of,
+            "failed_probes": loop.misses if loop is not None else 0,
+            "takeover_gap_s": self.takeover_gap_s,
+            "state_path": self.settings.state_path,
+            "persist_failures": self.persist_failures,
+        }
+
+    def metric_lines(self) -> Iterable[str]:
+        gap = self.takeover_gap_s
+        return [
+            "# HELP narwhal_takeover_seconds Seconds from the standby's last good probe to serving (0: none).",
+            "# TYPE narwhal_takeover_seconds gauge",
+            f"narwhal_takeover_seconds {gap if gap is not None and math.isfinite(gap) else 0.0}",
+            "# HELP narwhal_router_fenced 1 while this router is fenced (lost or never got the lease).",
+            "# TYPE narwhal_router_fenced gauge",
+            f"narwhal_router_fenced {int(self.core.control.fenced())}",
+            "# HELP narwhal_router_standby 1 while this router shadows a primary.",
+            "# TYPE narwhal_router_standby gauge",
+            f"narwhal_router_standby {int(self.core.control.standby and not self.core.control.failover_blocked)}",
+        ]
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.error("%s crashed: %s: %s", task.get_name(), type(exc).__name__, exc, exc_info=exc)

@@ -1,0 +1,193 @@
+"""Warm standby (spec §2.6): shadow the primary, keep lease-validated snapshots, take over.
+
+``judge_probe`` is the pure rule for one poll; ``StandbyLoop`` does the HTTP, the lease and the
+state file. While shadowing, the standby's own in-memory state is untouched — only its state file
+mirrors the primary. Every exit path on which the router is still standby releases the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from router.core import RouterCore
+from router.ha import statefile, transfer
+from router.ha.handoff import Handoff, HandoffError, HandoffVersionError, validate
+from router.ha.lease import Lease, LeaseError, LeaseRecord
+from router.ha.settings import HARuntime
+
+log = logging.getLogger("narwhal.ha.standby")
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    good: bool
+    reason: str = ""
+    doc: Handoff | None = None
+
+
+def primary_alive(status: int, body: Any) -> bool:
+    """/ready 200, or 503 whose body says control_ready (maintenance or no engines still counts)."""
+    if status == 200:
+        return True
+    return status == 503 and isinstance(body, dict) and body.get("control_ready") is True
+
+
+def judge_probe(
+    ready_status: int, ready_body: Any, handoff_body: Any, lease: LeaseRecord | None, now: float
+) -> ProbeResult:
+    """One poll's verdict. ``HandoffVersionError`` propagates (fatal: incompatible primary)."""
+    if not primary_alive(ready_status, ready_body):
+        return ProbeResult(False, f"primary /ready answered {ready_status}")
+    try:
+        doc = validate(handoff_body)
+    except HandoffVersionError:
+        raise
+    except HandoffError as exc:
+        return ProbeResult(False, f"primary handoff invalid: {exc}")
+    if lease is None or lease.holder != doc.holder or lease.epoch != doc.epoch or lease.expires_at <= now:
+        return ProbeResult(False, "primary handoff does not own the shared lease")
+    return ProbeResult(True, "", doc)
+
+
+def newer_or_same(kept: Handoff | None, doc: Handoff) -> bool:
+    """Never replace a snapshot with one from an older epoch."""
+    return kept is None or doc.epoch >= kept.epoch
+
+
+class StandbyLoop:
+    def __init__(
+        self,
+        core: RouterCore,
+        settings: HARuntime,
+        lease: Lease,
+        activate: Callable[[Lease], Awaitable[str]],
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.core = core
+        self.settings = settings
+        self.lease = lease
+        self.activate = activate  # starts renewal/persistence, validates identities; "" or why not
+        self.primary = settings.standby_of.rstrip("/")
+        self.client = client
+        self.doc: Handoff | None = None
+        self.misses = 0
+        self.last_good_mono: float | None = None
+        self.takeover_gap_s: float | None = None
+        self.last_miss_reason = ""
+
+    async def _get(self, client: httpx.AsyncClient, path: str) -> tuple[int, Any]:
+        r = await client.get(self.primary + path)
+        try:
+            return r.status_code, r.json()
+        except ValueError:
+            return r.status_code, None
+
+    async def probe(self, client: httpx.AsyncClient) -> ProbeResult:
+        try:
+            status, body = await self._get(client, "/ready")
+            if not primary_alive(status, body):
+                return ProbeResult(False, f"primary /ready answered {status}")
+            h_status, h_body = await self._get(client, "/narwhal/handoff")
+        except httpx.HTTPError as exc:
+            return ProbeResult(False, f"primary unreachable: {type(exc).__name__}")
+        if h_status != 200:
+            return ProbeResult(False, f"primary /narwhal/handoff answered {h_status}")
+        try:
+            record = await asyncio.to_thread(self.lease.peek)
+        except LeaseError as exc:
+            return ProbeResult(False, f"lease unreadable: {exc}")
+        return judge_probe(status, body, h_body, record, self.core.clock.wall())
+
+    async def _keep(self, doc: Handoff) -> None:
+        if not newer_or_same(self.doc, doc):
+            return
+        self.doc = doc
+        self.misses = 0
+        self.last_good_mono = self.core.clock.monotonic()
+        if self.core.control.failover_blocked == "no fresh handoff":
+            self.core.control.failover_blocked = ""
+        try:
+            await asyncio.to_thread(statefile.write, self.settings.state_path, doc)
+        except OSError as exc:
+            log.warning("standby: cannot write %s: %s", self.settings.state_path, exc)
+
+    async def run(self) -> None:
+        """Shadow until takeover succeeds or is refused for good; always leaves a clean lease."""
+        try:
+            self.doc = statefile.load(self.settings.state_path)
+        except HandoffError as exc:
+            log.warning("standby: ignoring own state file: %s", exc)
+        timeout = max(0.05, 0.8 * self.settings.standby_probe_interval_s)
+        own_client = self.client is None
+        client = self.client or httpx.AsyncClient(timeout=timeout)
+        try:
+            while True:
+                result = await self.probe(client)
+                if result.good and result.doc is not None:
+                    await self._keep(result.doc)
+                else:
+                    self.misses += 1
+                    if result.reason != self.last_miss_reason:
+                        log.info("standby: probe missed (%d): %s", self.misses, result.reason)
+                        self.last_miss_reason = result.reason
+                    if self.misses >= self.settings.standby_takeover_after:
+                        done = await self.try_takeover()
+                        if done:
+                            return
+                await asyncio.sleep(self.settings.standby_probe_interval_s)
+        finally:
+            if own_client:
+                await client.aclose()
+            if self.core.control.standby and self.lease.owned:
+                await asyncio.to_thread(self.lease.release)
+
+    async def try_takeover(self) -> bool:
+        """One takeover attempt; True when the loop must end (took over, or refused for good)."""
+        control, clock = self.core.control, self.core.clock
+        doc = self.doc
+        if doc is None or clock.wall() - doc.at > self.settings.standby_max_handoff_age_s:
+            control.failover_blocked = "no fresh handoff"
+            return False
+        try:
+            claimed = await asyncio.to_thread(self.lease.claim)
+        except LeaseError as exc:
+            control.failover_blocked = f"lease unavailable: {exc}"
+            return False
+        if not claimed:
+            return False  # another holder's unexpired lease: keep shadowing
+        epoch = self.lease.epoch
+        if doc.epoch != epoch - 1:
+            return await self._refuse(f"handoff epoch {doc.epoch} cannot precede claimed epoch {epoch}")
+        applied, why = transfer.apply(self.core, doc)
+        if not applied:
+            return await self._refuse(why)
+        if not self.lease.valid():
+            return await self._refuse("lease expired while applying handoff")
+        failure = await self.activate(self.lease)
+        if failure:
+            return await self._refuse(failure)
+        self.takeover_gap_s = clock.monotonic() - (self.last_good_mono or clock.monotonic())
+        log.warning(
+            "TAKEOVER: claimed epoch %d after %d failed probes; applied run %s with %d roles; %.2fs since last good answer",
+            epoch,
+            self.misses,
+            doc.run,
+            len(doc.roles),
+            self.takeover_gap_s,
+        )
+        return True
+
+    async def _refuse(self, why: str) -> bool:
+        self.core.control.standby = True
+        self.core.control.failover_blocked = why
+        log.error("standby: takeover refused: %s", why)
+        with contextlib.suppress(LeaseError):
+            await asyncio.to_thread(self.lease.release)
+        return True

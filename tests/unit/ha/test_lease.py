@@ -1,0 +1,354 @@
+"""Lease rules and the file backend (spec §3.1–3.3, §14 test_lease) with a fake clock and tmp files."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from router.clock import FakeClock
+from router.ha.lease import (
+    FileLeaseBackend,
+    Lease,
+    LeaseError,
+    LeaseRecord,
+    LeaseSettings,
+    claim_rule,
+    new_holder,
+    release_rule,
+    renew_rule,
+)
+
+TTL, RENEW, MARGIN = 5.0, 1.0, 1.0
+
+
+def _settings(path: Path, **kw: float) -> LeaseSettings:
+    return LeaseSettings(
+        path=str(path),
+        router_id="r",
+        ttl_s=kw.get("ttl", TTL),
+        renew_interval_s=kw.get("renew", RENEW),
+        safety_margin_s=kw.get("margin", MARGIN),
+    )
+
+
+def _lease(path: Path, clock: FakeClock, holder: str) -> Lease:
+    return Lease(_settings(path), clock=clock, holder=holder)
+
+
+def _doc(path: Path) -> dict[str, object]:
+    data: dict[str, object] = json.loads(path.read_text())
+    return data
+
+
+def _write_doc(path: Path, **over: object) -> None:
+    doc: dict[str, object] = {
+        "epoch": 1,
+        "expires_at": 1_800_000_010.0,
+        "holder": "other:1",
+        "schema": "narwhal.router-lease",
+        "schema_version": 1,
+        "updated_at": 1_800_000_000.0,
+    }
+    doc.update(over)
+    path.write_text(json.dumps(doc))
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "shared" / "router.lease"
+
+
+# -- constructor --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"ttl": 0.0},
+        {"ttl": -1.0},
+        {"margin": -0.1},
+        {"margin": 5.0},
+        {"margin": 6.0},
+        {"ttl": math.inf},
+        {"ttl": math.nan},
+        {"renew": math.nan},
+        {"margin": math.inf},
+        {"renew": 0.0},
+        {"ttl": 2.0, "renew": 1.0, "margin": 1.0},  # ttl must exceed renew + margin
+    ],
+)
+def test_settings_reject_bad_timing_before_touching_files(path: Path, kw: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        _settings(path, **kw)
+    assert not path.parent.exists()
+
+
+def test_empty_holder_and_router_id_are_rejected(path: Path, clock: FakeClock) -> None:
+    with pytest.raises(ValueError):
+        Lease(_settings(path), clock=clock, holder="")
+    with pytest.raises(ValueError):
+        LeaseSettings(path=str(path), router_id="")
+    with pytest.raises(ValueError):
+        LeaseSettings(path="", router_id="r")
+    assert not path.parent.exists()
+
+
+def test_holder_token_is_unique_per_process_object() -> None:
+    a, b = new_holder("router-a"), new_holder("router-a")
+    assert a != b and a.startswith("router-a:") and len(a.split(":")[-1]) == 32
+
+
+# -- claim / competition ----------------------------------------------------------------------------
+
+
+def test_first_claim_writes_epoch_one_with_sorted_keys(path: Path, clock: FakeClock) -> None:
+    lease = _lease(path, clock, "a:1")
+    assert lease.claim() and lease.valid() and lease.epoch == 1
+    text = path.read_text()
+    assert text.endswith("\n")
+    doc = json.loads(text)
+    assert list(doc) == sorted(doc)
+    assert doc == {
+        "epoch": 1,
+        "expires_at": clock.wall() + TTL,
+        "holder": "a:1",
+        "schema": "narwhal.router-lease",
+        "schema_version": 1,
+        "updated_at": clock.wall(),
+    }
+    assert Path(str(path) + ".lock").exists()
+
+
+def test_competing_holder_waits_for_expiry_then_takes_epoch_two(path: Path, clock: FakeClock) -> None:
+    a, b = _lease(path, clock, "a:1"), _lease(path, clock, "b:2")
+    assert a.claim()
+    assert not b.claim() and not b.valid()
+    clock.advance(TTL - 0.01)
+    assert not b.claim()
+    clock.advance(0.02)
+    assert b.claim() and b.epoch == 2 and b.valid()
+    # the old holder's renew fails and clears its ownership
+    assert not a.renew()
+    assert not a.owned and not a.valid()
+    # its stale release does not disturb the new record
+    before = path.read_bytes()
+    a.owned = True  # even a holder that still believes it owns the lease
+    a.release()
+    assert path.read_bytes() == before
+    assert _doc(path)["holder"] == "b:2"
+
+
+def test_same_holder_reclaim_keeps_epoch_until_expiry(path: Path, clock: FakeClock) -> None:
+    a = _lease(path, clock, "a:1")
+    assert a.claim() and a.epoch == 1
+    clock.advance(1.0)
+    assert a.claim() and a.epoch == 1
+    clock.advance(TTL + 1)
+    assert a.claim() and a.epoch == 2
+
+
+def test_local_validity_follows_the_monotonic_deadline(path: Path, clock: FakeClock) -> None:
+    a = _lease(path, clock, "a:1")
+    assert a.claim()
+    clock.jump_wall(+3600)  # wall clock steps forward: local validity unaffected
+    assert a.valid()
+    clock.jump_wall(-7200)  # and backwards
+    assert a.valid()
+    clock.advance(TTL - MARGIN - 0.001)
+    assert a.valid()
+    clock.advance(0.002)
+    assert not a.valid()  # ttl − margin elapsed on the monotonic clock
+
+
+def test_renewal_extends_record_and_local_deadline(path: Path, clock: FakeClock) -> None:
+    a = _lease(path, clock, "a:1")
+    assert a.claim()
+    clock.advance(3.0)
+    assert a.renew()
+    assert _doc(path)["expires_at"] == clock.wall() + TTL
+    clock.advance(TTL - MARGIN - 0.01)
+    assert a.valid()
+
+
+def test_failed_renewal_keeps_old_deadline_and_leaves_no_temp_files(
+    path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = _lease(path, clock, "a:1")
+    assert a.claim()
+    deadline, before = a.deadline, path.read_bytes()
+    clock.advance(1.0)
+
+    def broken_replace(src: object, dst: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    assert not a.renew()
+    assert a.deadline == deadline
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["router.lease", "router.lease.lock"]
+
+
+def test_release_expires_own_epoch(path: Path, clock: FakeClock) -> None:
+    a = _lease(path, clock, "a:1")
+    assert a.claim()
+    clock.advance(1.0)
+    a.release()
+    assert not a.owned and not a.valid()
+    doc = _doc(path)
+    assert doc["epoch"] == 1 and doc["expires_at"] == clock.wall() == doc["updated_at"]
+    b = _lease(path, clock, "b:2")
+    assert b.claim() and b.epoch == 2  # immediately claimable, next epoch
+
+
+def test_renewal_fails_when_record_vanished(path: Path, clock: FakeClock) -> None:
+    a = _lease(path, clock, "a:1")
+    assert a.claim()
+    path.unlink()
+    assert not a.renew() and not a.owned and not a.valid()
+    assert not path.exists()  # a fenced holder does not re-create the record
+
+
+def test_renewal_fails_when_epoch_changed(path: Path, clock: FakeClock) -> None:
+    a = _lease(path, clock, "a:1")
+    assert a.claim()
+    _write_doc(path, epoch=7, holder="a:1", expires_at=clock.wall() + 10)
+    assert not a.renew() and not a.owned
+
+
+def test_renewal_fails_after_the_record_expired(path: Path, clock: FakeClock) -> None:
+    a = _lease(path, clock, "a:1")
+    assert a.claim()
+    clock.advance(TTL + 0.5)  # e.g. SIGSTOP past the lease: nobody claimed, still lost
+    assert not a.renew() and not a.owned
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        None,  # broken JSON
+        {"epoch": True},
+        {"epoch": 0},
+        {"epoch": 1.0},
+        {"holder": ""},
+        {"holder": 3},
+        {"expires_at": True},
+        {"expires_at": "1800000010"},
+        {"updated_at": None},
+        {"extra": 1},
+        {"schema": "narwhal.lease"},
+        {"schema_version": 2},
+        {"schema_version": True},
+        "missing",
+        "array",
+    ],
+)
+def test_malformed_records_fail_closed(path: Path, clock: FakeClock, raw: object) -> None:
+    path.parent.mkdir(parents=True)
+    if raw is None:
+        path.write_text('{"epoch": 1, "holder": ')
+    elif raw == "missing":
+        path.write_text(json.dumps({"epoch": 1, "holder": "x", "schema": "narwhal.router-lease"}))
+    elif raw == "array":
+        path.write_text("[]")
+    else:
+        assert isinstance(raw, dict)
+        _write_doc(path, **raw)
+    before = path.read_bytes()
+    a = _lease(path, clock, "a:1")
+    with pytest.raises(LeaseError):
+        a.claim()
+    assert not a.owned and not a.valid()
+    assert path.read_bytes() == before
+    with pytest.raises(LeaseError):
+        FileLeaseBackend(path).read()
+
+
+@pytest.mark.parametrize("field", ["expires_at", "updated_at"])
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_timestamps_fail_read_claim_renew_without_rewriting(
+    path: Path, clock: FakeClock, field: str, value: str
+) -> None:
+    a = _lease(path, clock, "a:1")
+    assert a.claim()
+    text = path.read_text()
+    doc = json.loads(text)
+    bad = text.replace(json.dumps(doc[field]), value, 1)
+    path.write_text(bad)
+    with pytest.raises(LeaseError):
+        FileLeaseBackend(path).read()
+    assert not a.renew()
+    with pytest.raises(LeaseError):
+        _lease(path, clock, "b:2").claim()
+    assert path.read_text() == bad
+
+
+def test_claim_write_failure_raises_and_keeps_previous_bytes(
+    path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = _lease(path, clock, "a:1")
+    assert a.claim()
+    a.release()
+    before = path.read_bytes()
+
+    def broken_replace(src: object, dst: object) -> None:
+        raise OSError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    b = _lease(path, clock, "b:2")
+    with pytest.raises(LeaseError, match=r"^cannot claim"):
+        b.claim()
+    assert not b.owned and path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["router.lease", "router.lease.lock"]
+
+
+def test_release_write_failure_still_drops_validity(
+    path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = _lease(path, clock, "a:1")
+    assert a.claim()
+
+    def broken_replace(src: object, dst: object) -> None:
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    a.release()
+    assert not a.owned and not a.valid()
+
+
+def test_lock_busy_is_a_lease_error(path: Path, clock: FakeClock) -> None:
+    import fcntl
+
+    path.parent.mkdir(parents=True)
+    with open(str(path) + ".lock", "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        backend = FileLeaseBackend(path, lock_timeout_s=0.0)
+        with pytest.raises(LeaseError, match="busy"):
+            Lease(_settings(path), backend=backend, clock=clock, holder="a:1").claim()
+
+
+# -- pure rules -----------------------------------------------------------------------------------
+
+
+def test_pure_rules() -> None:
+    rec = LeaseRecord(3, "a", expires_at=110.0, updated_at=105.0)
+    assert claim_rule(None, "a", 100.0, 5.0) == LeaseRecord(1, "a", 105.0, 100.0)
+    assert claim_rule(rec, "b", 100.0, 5.0) is None
+    assert claim_rule(rec, "a", 100.0, 5.0) == LeaseRecord(3, "a", 105.0, 100.0)
+    assert claim_rule(rec, "b", 110.0, 5.0) == LeaseRecord(4, "b", 115.0, 110.0)  # expires_at == now: expired
+    assert renew_rule(rec, "a", 3, 100.0, 5.0) == LeaseRecord(3, "a", 105.0, 100.0)
+    assert renew_rule(rec, "a", 2, 100.0, 5.0) is None
+    assert renew_rule(rec, "b", 3, 100.0, 5.0) is None
+    assert renew_rule(rec, "a", 3, 110.0, 5.0) is None
+    assert renew_rule(None, "a", 3, 100.0, 5.0) is None
+    assert release_rule(rec, "a", 3, 101.0) == LeaseRecord(3, "a", 101.0, 101.0)
+    assert release_rule(rec, "a", 2, 101.0) is None
+    assert release_rule(None, "a", 3, 101.0) is None

@@ -1,0 +1,342 @@
+"""HA component in-process on a fake clock: startup claim/fencing, renewal fencing, shutdown writes,
+--resume rules, standby probe verdicts and the takeover sequence (no HTTP, no real sleeps)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.clock import FakeClock
+from router.core import RouterCore
+from router.ha import statefile, transfer
+from router.ha.handoff import HandoffVersionError, validate
+from router.ha.lease import Lease, LeaseSettings
+from router.ha.service import HAService
+from router.ha.settings import HARuntime
+from router.ha.standby import StandbyLoop, judge_probe
+from tests.unit.ha.helpers import core, fixture, fleet, machine
+
+FAST = {"lease_ttl_s": 1.0, "lease_renew_interval_s": 0.2, "lease_safety_margin_s": 0.1}
+
+
+def _runtime(tmp_path: Path, name: str = "a", lease: bool = True, **kw: Any) -> HARuntime:
+    values: dict[str, Any] = {
+        "state_path": str(tmp_path / f"{name}.state.json"),
+        "lease_path": str(tmp_path / "router.lease") if lease else "",
+        "router_id": f"router-{name}",
+        **FAST,
+    }
+    values.update(kw)
+    return HARuntime(**values)
+
+
+def _service(tmp_path: Path, c: RouterCore, name: str = "a", **kw: Any) -> HAService:
+    return HAService(c, _runtime(tmp_path, name, **kw))
+
+
+def _lease(tmp_path: Path, clock: FakeClock, router_id: str = "other") -> Lease:
+    settings = LeaseSettings(str(tmp_path / "router.lease"), router_id, 1.0, 0.2, 0.1)
+    return Lease(settings, clock=clock)
+
+
+def _exists(path: str) -> bool:
+    return Path(path).exists()
+
+
+def _load(path: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(Path(path).read_text())
+    return data
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+async def test_active_router_claims_and_writes_latest_counters_at_shutdown(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    c = core(clock=clock)
+    ha = _service(tmp_path, c)
+    assert not c.controls_fleet()  # before start: no control
+    await ha.start()
+    assert c.controls_fleet() and c.control.epoch == 1 and c.control.holder.startswith("router-a:")
+    c.counters.finish("served")
+    await ha.stop()
+    doc = _load(ha.settings.state_path)
+    assert doc["counters"]["served"] == 1 and doc["epoch"] == 1
+    lease = _load(str(tmp_path / "router.lease"))
+    assert lease["expires_at"] == clock.wall()  # released
+
+
+async def test_router_without_lease_controls_and_persists(tmp_path: Path, clock: FakeClock) -> None:
+    c = core(clock=clock)
+    ha = _service(tmp_path, c, lease=False)
+    await ha.start()
+    assert c.controls_fleet() and c.control.epoch == 0
+    assert c.extras["persist"]() is True
+    await ha.stop()
+    assert _load(ha.settings.state_path)["holder"] == ""
+
+
+async def test_router_losing_the_claim_is_fenced_for_good(tmp_path: Path, clock: FakeClock) -> None:
+    other = _lease(tmp_path, clock)
+    assert other.claim()
+    c = core(clock=clock)
+    ha = _service(tmp_path, c)
+    await ha.start()
+    assert not c.controls_fleet()
+    assert c.control.failover_blocked == "lease held by another router"
+    assert c.health_status() == "fenced" and c.ready_reason() == "lease held by another router"
+    assert c.prefill_hold_reason() == "lease held by another router"
+    other.release()
+    assert not c.controls_fleet()  # never re-claims
+    assert c.extras["persist"]() is False
+    await ha.stop()
+    assert not _exists(ha.settings.state_path)
+
+
+async def test_lease_expired_during_cleanup_means_no_final_write(tmp_path: Path, clock: FakeClock) -> None:
+    c = core(clock=clock)
+    ha = _service(tmp_path, c)
+    await ha.start()
+    await ha._on_shutdown(None)  # type: ignore[arg-type]
+    clock.advance(0.95)  # past ttl − margin: locally invalid
+    await ha.stop()
+    assert not _exists(ha.settings.state_path)
+
+
+async def test_renewal_failure_fences_at_once(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = core(clock=clock)
+    ha = _service(tmp_path, c)
+    await ha.start()
+    assert ha.lease is not None
+    for task in ha._tasks:  # drive the renewal loop by hand, without real sleeps
+        task.cancel()
+    (tmp_path / "router.lease").unlink()  # the record vanished
+
+    async def no_sleep(_: float) -> None:
+        return None
+
+    monkeypatch.setattr(asyncio, "sleep", no_sleep)
+    await ha._renew_loop(ha.lease)
+    assert c.control.failover_blocked == "lease renewal failed" and not c.controls_fleet()
+    assert c.health_status() == "fenced"
+    assert not (tmp_path / "router.lease").exists()
+    monkeypatch.undo()
+    await ha.stop()
+
+
+async def test_local_deadline_loses_control_before_the_renewal_loop_notices(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    c = core(clock=clock)
+    ha = _service(tmp_path, c)
+    await ha.start()
+    clock.jump_wall(-3600)
+    assert c.controls_fleet()
+    clock.advance(0.91)
+    assert not c.controls_fleet() and c.ready_reason() == "lease expired" and c.health_status() == "fenced"
+    await ha.stop()
+
+
+# -- resume -----------------------------------------------------------------------------------------
+
+
+async def test_resume_applies_the_previous_epoch(tmp_path: Path, clock: FakeClock) -> None:
+    first = core(clock=clock)
+    a = _service(tmp_path, first)
+    await a.start()
+    first.counters.finish("served")
+    assert machine(first).begin(["e1"], wave=False, deadline_s=60)
+    machine(first).record_old_identity("e1", 1_700_000_000.0)
+    await a.stop()
+    second = core(clock=clock)
+    b = _service(tmp_path, second, resume=True)
+    await b.start()
+    assert b.resume_result is not None and b.resume_result[0], b.resume_result
+    assert second.control.epoch == 2 and second.counters.values["served"] == 1
+    assert machine(second).records["e1"].state == "drained" and "e1" in second.scheduler.draining
+    await b.stop()
+
+
+async def test_resume_refuses_a_document_from_an_older_epoch(tmp_path: Path, clock: FakeClock) -> None:
+    raw = fixture("handoff_initial.json") | {"epoch": 1, "holder": "x:1"}
+    statefile.write(tmp_path / "a.state.json", validate(raw))
+    other = _lease(tmp_path, clock)
+    for _ in range(3):  # the fleet moved on: epochs 1..3 held by others
+        assert other.claim()
+        other.release()
+        other = _lease(tmp_path, clock)
+    c = core(clock=clock)
+    ha = _service(tmp_path, c, resume=True)
+    await ha.start()
+    assert c.control.epoch == 4
+    assert ha.resume_result == (False, "handoff epoch 1 is older than the fleet's last lease epoch 3")
+    await ha.stop()
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b'{"schema": "narwhal.handoff", "sche', "no handoff file"),
+        (b"foreign", "handoff names"),
+        (b"policy", "handoff engine restart policy mismatch"),
+        (b"invalid", "handoff file invalid:"),
+    ],
+)
+async def test_refused_state_file_on_a_contracted_fleet_holds_the_whole_wave(
+    tmp_path: Path, clock: FakeClock, content: bytes, reason: str
+) -> None:
+    path = tmp_path / "a.state.json"
+    raw = fixture("handoff_initial.json")
+    if content == b"foreign":
+        raw["engines"] = ["x0", "x1", "x2"]
+        raw["roles"] = {"x0": "prefill", "x1": "decode", "x2": "decode"}
+        raw["lifecycle"]["process_starts"] = {}
+        content = json.dumps(raw).encode()
+    elif content == b"policy":
+        raw["lifecycle"]["engine_restart_policy"] = "whole_wave"
+        content = json.dumps(raw).encode()
+    elif content == b"invalid":
+        raw["epoch"] = True
+        content = json.dumps(raw).encode()
+    path.write_bytes(content)
+    c = core(fleet(contract=True), clock=clock)
+    c.counters.finish("served")
+    ha = _service(tmp_path, c, lease=False, resume=True)
+    await ha.start()
+    assert ha.resume_result is not None and not ha.resume_result[0]
+    assert ha.resume_result[1].startswith(reason)
+    assert c.counters.values["served"] == 1  # nothing half-applied
+    assert c.scheduler.fleet_hold.startswith("whole-wave restart required: handoff rejected: ")
+    assert not c.ready() and c.health_status() == "maintenance"
+    assert (tmp_path / "a.state.json.rejected").read_bytes() == content
+    await ha.stop()
+
+
+async def test_missing_state_file_on_a_contracted_fleet_is_no_hold(tmp_path: Path, clock: FakeClock) -> None:
+    c = core(fleet(contract=True), clock=clock)
+    ha = _service(tmp_path, c, lease=False, resume=True)
+    await ha.start()
+    assert ha.resume_result == (False, "no handoff file") and c.scheduler.fleet_hold == ""
+    await ha.stop()
+
+
+# -- standby ----------------------------------------------------------------------------------------
+
+
+def test_probe_verdicts(tmp_path: Path, clock: FakeClock) -> None:
+    lease = _lease(tmp_path, clock, "primary")
+    assert lease.claim()
+    record = lease.peek()
+    raw = fixture("handoff_initial.json") | {"epoch": lease.epoch, "holder": lease.holder}
+    now = clock.wall()
+    assert judge_probe(200, {}, raw, record, now).good
+    assert judge_probe(503, {"control_ready": True}, raw, record, now).good  # maintenance still alive
+    assert not judge_probe(503, {"control_ready": False}, raw, record, now).good
+    assert not judge_probe(200, {}, raw | {"holder": "x"}, record, now).good
+    assert not judge_probe(200, {}, raw | {"epoch": 9}, record, now).good
+    assert not judge_probe(200, {}, raw, None, now).good
+    assert not judge_probe(200, {}, raw, record, now + 5).good  # lease expired
+    assert not judge_probe(200, {}, raw | {"epoch": True}, record, now).good
+    with pytest.raises(HandoffVersionError):
+        judge_probe(200, {}, raw | {"schema_version": 2}, record, now)
+
+
+async def _standby(
+    tmp_path: Path, clock: FakeClock, doc: dict[str, Any] | None
+) -> tuple[StandbyLoop, HAService]:
+    c = core(clock=clock)
+    ha = _service(tmp_path, c, name="b", standby_of="http://primary.invalid")
+    c.control.standby = True
+    assert ha.lease is not None
+    loop = StandbyLoop(c, ha.settings, ha.lease, ha._activate)
+    ha.standby_loop = loop
+    loop.doc = validate(doc) if doc is not None else None
+    loop.last_good_mono = clock.monotonic()
+    return loop, ha
+
+
+async def test_takeover_claims_next_epoch_and_applies_the_snapshot(tmp_path: Path, clock: FakeClock) -> None:
+    primary = _lease(tmp_path, clock, "router-a")
+    assert primary.claim()
+    raw = fixture("handoff_after_resume.json") | {"epoch": 1, "holder": primary.holder, "at": clock.wall()}
+    loop, ha = await _standby(tmp_path, clock, raw)
+    assert not await loop.try_takeover()  # primary's lease still stands: keep shadowing
+    assert loop.core.control.standby
+    clock.advance(1.5)  # primary died; its lease expired
+    assert await loop.try_takeover()
+    c = loop.core
+    assert c.controls_fleet() and c.control.epoch == 2 and c.control.failover_blocked == ""
+    assert c.counters.values["served"] == 20 and "e2" in c.scheduler.draining
+    assert ha.takeover_gap_s == pytest.approx(1.5)
+    assert any("narwhal_takeover_seconds 1.5" in line for line in ha.metric_lines())
+    await ha.stop()
+    assert _load(ha.settings.state_path)["epoch"] == 2
+
+
+async def test_takeover_refuses_an_epoch_gap_and_releases(tmp_path: Path, clock: FakeClock) -> None:
+    primary = _lease(tmp_path, clock, "router-a")
+    assert primary.claim()
+    primary.release()
+    raw = fixture("handoff_initial.json") | {"epoch": 0, "at": clock.wall()}  # not epoch 1
+    loop, ha = await _standby(tmp_path, clock, raw)
+    assert await loop.try_takeover()
+    c = loop.core
+    assert (
+        c.control.standby and c.control.failover_blocked == "handoff epoch 0 cannot precede claimed epoch 2"
+    )
+    assert not ha.lease.owned if ha.lease else False
+    assert _load(str(tmp_path / "router.lease"))["expires_at"] == clock.wall()  # released at once
+    assert c.counters.values["served"] == 0
+
+
+async def test_no_fresh_handoff_blocks_takeover(tmp_path: Path, clock: FakeClock) -> None:
+    loop, _ = await _standby(tmp_path, clock, None)
+    assert not await loop.try_takeover()
+    assert loop.core.control.failover_blocked == "no fresh handoff"
+    old = fixture("handoff_initial.json") | {"at": clock.wall() - 31}
+    loop.doc = validate(old)
+    assert not await loop.try_takeover()
+    assert not (tmp_path / "router.lease").exists()  # never claimed
+
+
+async def test_takeover_refuses_a_foreign_fleet_and_stays_standby(tmp_path: Path, clock: FakeClock) -> None:
+    raw = fixture("handoff_initial.json") | {"epoch": 0, "holder": "", "at": clock.wall(), "model": "other"}
+    loop, ha = await _standby(tmp_path, clock, raw)
+    assert await loop.try_takeover()
+    assert loop.core.control.standby and loop.core.control.failover_blocked.startswith("handoff model")
+    assert ha.lease is not None and not ha.lease.owned
+
+
+async def test_standby_and_fenced_never_persist(tmp_path: Path, clock: FakeClock) -> None:
+    _, ha = await _standby(tmp_path, clock, None)
+    assert ha.persist() is False
+    await ha.stop()
+    assert not _exists(ha.settings.state_path)
+
+
+async def test_handoff_route_serves_any_role(tmp_path: Path, clock: FakeClock) -> None:
+    loop, ha = await _standby(tmp_path, clock, None)
+    resp = await ha.handoff_route(None)  # type: ignore[arg-type]
+    assert resp.status == 200
+    assert resp.body is not None
+    body = json.loads(bytes(resp.body))  # type: ignore[arg-type]
+    assert (
+        body["epoch"] == 0
+        and body["holder"] == ""
+        and body == transfer.build(loop.core).dump() | {"at": body["at"]}
+    )
+
+
+async def test_standby_tasks_end_cleanly(tmp_path: Path, clock: FakeClock) -> None:
+    _, ha = await _standby(tmp_path, clock, None)
+    await asyncio.sleep(0)
+    await ha.stop()
