@@ -1,0 +1,264 @@
+"""Control-plane engine calls for the lifecycle (spec §6.3, §6.4): one shared httpx client.
+
+Health, live identity (``/version`` + ``/metrics`` process start), attestation, model list, a direct
+generation and the fabric (prefill → descriptor → decode) check. Every call raises on failure so
+the caller can name the exception (``process identity unreadable: ConnectError``); only ``health``
+answers a bool. Timeouts come from ``engine.health_timeout_s`` (control reads),
+``serving.prefill_timeout_s`` (generation, prefill leg) and the decode first-token/read bounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from router.config import EngineSpec, FleetConfig
+from router.engines.legs import find_descriptor
+
+GENERATION_PROMPT = "narwhal lifecycle generation check"
+FABRIC_PROMPT = "narwhal lifecycle fabric check"
+_START_RE = re.compile(r"^process_start_time_seconds(?:\{[^}]*\})?\s+(\S+)", re.MULTILINE)
+
+
+class EngineAnswerError(Exception):
+    """An engine answered, but not with what the check needs (status, shape, values)."""
+
+
+def describe(exc: BaseException) -> str:
+    """``ConnectError`` for transport failures, ``Type: message`` for everything else."""
+    name = type(exc).__name__
+    if isinstance(exc, httpx.TransportError | TimeoutError) or not str(exc):
+        return name
+    return f"{name}: {exc}"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    version: str
+    process_start: float
+
+
+def parse_process_start(text: str) -> float:
+    match = _START_RE.search(text)
+    if match is None:
+        raise EngineAnswerError("no process_start_time_seconds in /metrics")
+    try:
+        value = float(match.group(1))
+    except ValueError:
+        raise EngineAnswerError("process_start_time_seconds is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise EngineAnswerError("process_start_time_seconds must be finite and positive")
+    return value
+
+
+def _json(resp: httpx.Response, what: str) -> Any:
+    if resp.status_code != 200:
+        raise EngineAnswerError(f"{what} answered HTTP {resp.status_code}")
+    try:
+        return orjson.loads(resp.content)
+    except orjson.JSONDecodeError:
+        raise EngineAnswerError(f"{what} is not JSON") from None
+
+
+def _tokens_in(doc: Any) -> int:
+    """Tokens carried by one completion chunk or answer: token_ids, else non-empty text."""
+    if not isinstance(doc, dict):
+        return 0
+    if "error" in doc:
+        raise EngineAnswerError(f"decode leg reported an error: {str(doc['error'])[:200]}")
+    n = 0
+    for choice in doc.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        ids = choice.get("token_ids")
+        if isinstance(ids, list) and ids:
+            n += len(ids)
+        elif choice.get("text") or (isinstance(choice.get("delta"), dict) and choice["delta"].get("content")):
+            n += 1
+    return n
+
+
+class EngineControl:
+    """A router component owning the control-plane client (no routes)."""
+
+    def __init__(self, config: FleetConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.config = config
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+        eng = config.engine
+        self.headers: dict[str, str] = {}
+        if eng.engine_api_key_env and os.environ.get(eng.engine_api_key_env):
+            self.headers["authorization"] = f"Bearer {os.environ[eng.engine_api_key_env]}"
+        self.control_timeout = httpx.Timeout(eng.health_timeout_s)
+        self.prefill_timeout = httpx.Timeout(config.serving.prefill_timeout_s, connect=eng.health_timeout_s)
+        self.decode_timeout = httpx.Timeout(eng.decode_read_timeout_s, connect=eng.health_timeout_s)
+
+    # -- component protocol -----------------------------------------------------------------
+    def add_routes(self, app: Any) -> None:
+        return None
+
+    async def start(self) -> None:
+        self.client()
+
+    async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
+            self._client = httpx.AsyncClient(transport=self._transport, limits=limits, trust_env=False)
+        return self._client
+
+    def spec(self, iid: str) -> EngineSpec:
+        return self.config.engine_by_id(iid)
+
+    # -- reads ------------------------------------------------------------------------------
+    async def health(self, iid: str) -> bool:
+        try:
+            resp = await self.client().get(self.spec(iid).url + "/health", timeout=self.control_timeout)
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
+    async def identity(self, iid: str) -> Identity:
+        url = self.spec(iid).url
+        c = self.client()
+        version_doc = _json(
+            await c.get(url + "/version", headers=self.headers, timeout=self.control_timeout), "/version"
+        )
+        version = version_doc.get("version") if isinstance(version_doc, dict) else None
+        if not isinstance(version, str) or not version:
+            raise EngineAnswerError("/version has no version string")
+        metrics = await c.get(url + "/metrics", headers=self.headers, timeout=self.control_timeout)
+        if metrics.status_code != 200:
+            raise EngineAnswerError(f"/metrics answered HTTP {metrics.status_code}")
+        return Identity(version, parse_process_start(metrics.text))
+
+    async def attestation(self, iid: str) -> Any:
+        url = self.spec(iid).attestation_url
+        if not url:
+            raise EngineAnswerError("attestation_url is not configured")
+        return _json(await self.client().get(url, timeout=self.control_timeout), "attestation")
+
+    async def models(self, iid: str) -> list[str]:
+        resp = await self.client().get(
+            self.spec(iid).url + "/v1/models", headers=self.headers, timeout=self.control_timeout
+        )
+        doc = _json(resp, "/v1/models")
+        data = doc.get("data") if isinstance(doc, dict) else None
+        if not isinstance(data, list):
+            raise EngineAnswerError("/v1/models has no data list")
+        return [str(m.get("id")) for m in data if isinstance(m, dict) and "id" in m]
+
+    # -- generation -------------------------------------------------------------------------
+    async def generate(self, iid: str) -> None:
+        body = {
+            "model": self.config.model,
+            "prompt": GENERATION_PROMPT,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "stream": False,
+        }
+        resp = await self.client().post(
+            self.spec(iid).url + "/v1/completions",
+            content=orjson.dumps(body),
+            headers={
+                **self.headers,
+                "content-type": "application/json",
+                "x-request-id": f"narwhal-gen-{iid}",
+            },
+            timeout=self.prefill_timeout,
+        )
+        doc = _json(resp, "generation")
+        choices = doc.get("choices") if isinstance(doc, dict) else None
+        if not isinstance(choices, list) or not choices:
+            raise EngineAnswerError("generation answered no choices")
+
+    async def fabric_prefill(self, src: str) -> dict[str, Any]:
+        """Prefill leg on the producer; returns its KV descriptor."""
+        body = {
+            "model": self.config.model,
+            "prompt": FABRIC_PROMPT,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "stream": False,
+            "kv_transfer_params": {"do_remote_decode": True},
+        }
+        resp = await self.client().post(
+            self.spec(src).url + "/v1/completions",
+            content=orjson.dumps(body),
+            headers={
+                **self.headers,
+                "content-type": "application/json",
+                "x-request-id": f"narwhal-fabric-{src}-prefill",
+            },
+            timeout=self.prefill_timeout,
+        )
+        descriptor = find_descriptor(_json(resp, "prefill leg"))
+        if descriptor is None:
+            raise EngineAnswerError("prefill leg answered no KV descriptor")
+        return descriptor
+
+    async def fabric_decode(self, dst: str, descriptor: dict[str, Any]) -> int:
+        """Decode leg on the consumer with the producer's descriptor; returns the tokens received."""
+        body = {
+            "model": self.config.model,
+            "prompt": FABRIC_PROMPT,
+            "max_tokens": 2,
+            "min_tokens": 2,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "return_token_ids": True,
+            "kv_transfer_params": descriptor,
+        }
+        headers = {
+            **self.headers,
+            "content-type": "application/json",
+            "x-request-id": f"narwhal-fabric-{dst}-decode",
+        }
+        url = self.spec(dst).url + "/v1/completions"
+        async with self.client().stream(
+            "POST", url, content=orjson.dumps(body), headers=headers, timeout=self.decode_timeout
+        ) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                raise EngineAnswerError(f"decode leg answered HTTP {resp.status_code}")
+            if "text/event-stream" not in resp.headers.get("content-type", ""):
+                tokens = _tokens_in(orjson.loads(await resp.aread()))
+            else:
+                tokens = await self._stream_tokens(resp)
+        if tokens < 1:
+            raise EngineAnswerError("decode leg produced no tokens")
+        return tokens
+
+    async def _stream_tokens(self, resp: httpx.Response) -> int:
+        tokens = 0
+        lines = resp.aiter_lines()
+        first_token_s = self.config.engine.first_token_timeout_s
+        while True:
+            try:
+                if tokens == 0:
+                    line = await asyncio.wait_for(anext(lines), timeout=first_token_s)
+                else:
+                    line = await anext(lines)
+            except StopAsyncIteration:
+                raise EngineAnswerError("decode stream ended without [DONE]") from None
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                return tokens
+            try:
+                tokens += _tokens_in(orjson.loads(payload))
+            except orjson.JSONDecodeError:
+                raise EngineAnswerError("decode stream sent a malformed event") from None

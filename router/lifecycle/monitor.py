@@ -1,0 +1,177 @@
+"""Background lifecycle monitoring (spec §7): liveness, process identities, automatic recovery.
+
+Every ``controller.monitor_interval_s`` (skipped while this router does not control the fleet or a
+whole-wave hold is active):
+
+* identity check of all engines when identities are unvalidated (startup, takeover, restore):
+  records ``process_starts``; ``core.identities_ready`` turns true when it finishes;
+* every ``recovery.liveness_every`` passes: ``GET /health`` of engines that are neither ejected nor
+  held; ``liveness_misses`` misses in a row eject (``liveness``); engines that answered get their
+  identity checked, and a process start that changed behind the router's back is ejected
+  (``process_identity``, event ``process_excluded``) on contracted fleets;
+* recovery of ejected engines runs through the prober's ``recovery_validator`` (contracted fleets):
+  ``individual`` → lifecycle recovery validation on the running process; ``whole_wave`` → restart hold.
+  Without a prober, this monitor runs the same pass every ``recovery.readmit_every`` passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from router.attestation import verify_attestation
+from router.core import RouterCore
+from router.lifecycle.service import LifecycleService
+
+log = logging.getLogger("narwhal.lifecycle.monitor")
+
+
+class LifecycleMonitor:
+    def __init__(
+        self,
+        core: RouterCore,
+        service: LifecycleService,
+        eject: Callable[[str, str], object] | None = None,
+        prober: Any = None,
+    ) -> None:
+        self.core = core
+        self.service = service
+        self.machine = service.machine
+        self.control = service.control
+        self.eject = eject or core.scheduler.eject
+        self.prober = prober
+        cfg = core.config
+        self.contracted = cfg.engine_contract is not None
+        self.interval_s = cfg.controller.monitor_interval_s
+        self.misses: dict[str, int] = {}
+        self.passes = 0
+        self._task: asyncio.Task[None] | None = None
+        core.extras["identity_check"] = self.check_identities
+        if self.contracted:
+            core.identities_ready = False  # /ready waits for the startup identity check
+
+    # -- component protocol -----------------------------------------------------------------
+    def add_routes(self, app: Any) -> None:
+        return None
+
+    async def start(self) -> None:
+        if self.machine.policy == "whole_wave":
+            self.core.scheduler.on_eject.append(self._on_eject)
+        if self.prober is not None and self.contracted:
+            self.prober.recovery_validator = self.recover
+        self._task = asyncio.create_task(self._run(), name="narwhal-lifecycle-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    def _on_eject(self, iid: str, cause: str) -> None:
+        self.machine.require_restart_wave(f"engine {iid} was excluded")
+
+    # -- loop -------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.pass_once()
+            except Exception:
+                log.exception("lifecycle monitor pass failed")
+            await asyncio.sleep(self.interval_s)
+
+    async def pass_once(self) -> None:
+        core = self.core
+        if not core.controls_fleet() or core.scheduler.fleet_hold:
+            return
+        if not core.identities_ready or not self.machine.process_starts:
+            await self.check_identities()
+        self.passes += 1
+        rec = core.config.recovery
+        if rec.liveness_every > 0 and self.passes % rec.liveness_every == 0:
+            await self.liveness_sweep()
+        if self.prober is None and self.passes % rec.readmit_every == 0:
+            for iid in sorted(core.scheduler.ejected):
+                await self.recover(iid)
+
+    # -- identities (spec §7.2) -------------------------------------------------------------
+    async def check_identities(self, engines: list[str] | None = None) -> None:
+        """Compare live process starts with the accepted ones; record first sightings."""
+        targets = engines if engines is not None else self.core.config.engine_ids
+        results = await asyncio.gather(*(self._live_start(i) for i in targets))
+        for iid, (start, problem) in zip(targets, results, strict=True):
+            if not self.core.controls_fleet():
+                return
+            accepted = self.machine.process_starts.get(iid)
+            if start is not None and not problem and accepted is None:
+                self.machine.process_starts[iid] = start
+                continue
+            if start is not None and not problem and start == accepted:
+                continue
+            if not self.contracted:
+                if start is not None:
+                    self.machine.process_starts[iid] = start  # nothing to verify it against
+                continue
+            if iid in self.core.scheduler.draining or iid in self.core.scheduler.ejected:
+                continue  # held by the lifecycle or already out: readmission validates it
+            log.warning("engine %s process identity changed or unverifiable: %s", iid, problem or start)
+            self.eject(iid, "process_identity")
+            self.machine.note_process_excluded(iid, accepted, start)
+        if engines is None:
+            self.core.identities_ready = True
+
+    async def _live_start(self, iid: str) -> tuple[float | None, str]:
+        try:
+            identity = await self.control.identity(iid)
+        except Exception as exc:
+            return None, f"identity unreadable: {type(exc).__name__}"
+        contract = self.core.config.engine_contract
+        if contract is not None and self.core.config.engine_by_id(iid).attestation_url:
+            try:
+                doc = await self.control.attestation(iid)
+            except Exception as exc:
+                return identity.process_start, f"attestation unreadable: {type(exc).__name__}"
+            failures = verify_attestation(doc, contract, identity.version, identity.process_start)
+            if failures:
+                return identity.process_start, "attestation: " + "; ".join(failures)
+        return identity.process_start, ""
+
+    async def liveness_sweep(self) -> None:
+        sched = self.core.scheduler
+        targets = [i for i in sorted(sched.engines) if i not in sched.ejected and i not in sched.draining]
+        healthy = await asyncio.gather(*(self.control.health(i) for i in targets))
+        answered: list[str] = []
+        for iid, ok in zip(targets, healthy, strict=True):
+            if ok:
+                self.misses[iid] = 0
+                answered.append(iid)
+                continue
+            self.misses[iid] = self.misses.get(iid, 0) + 1
+            if self.misses[iid] >= self.core.config.recovery.liveness_misses:
+                self.misses[iid] = 0
+                self.eject(iid, "liveness")
+        if answered and self.core.controls_fleet() and not sched.fleet_hold:
+            await self.check_identities(answered)
+
+    # -- automatic recovery (spec §6.7, §7.3) -----------------------------------------------
+    async def recover(self, iid: str) -> bool:
+        """The prober's ``recovery_validator``: True once the engine was validated and readmitted."""
+        sched = self.core.scheduler
+        if iid not in sched.ejected:
+            return False
+        if self.machine.policy == "whole_wave":
+            self.machine.require_restart_wave("an engine was excluded")
+            return False
+        if not await self.control.health(iid):
+            return False  # still down: stay ejected, try again next pass (no blocked record)
+        if not sched.eligible():
+            everyone = self.core.config.engine_ids
+            if sorted(sched.ejected) != everyone:
+                return False
+            if not all(await asyncio.gather(*(self.control.health(i) for i in everyone))):
+                return False
+            return await self.service.recover(everyone, wave=True)
+        return await self.service.recover([iid])

@@ -1,0 +1,130 @@
+"""HTTP surface of the lifecycle: ``/narwhal/lifecycle`` (GET), ``…/drain`` and ``…/readmit`` (POST),
+and ``/narwhal/openapi.json`` for the two POST bodies. Every answer is the lifecycle document; a
+body of the wrong shape is 422 with the document and an ``error`` naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from router.lifecycle.document import (
+    DrainRequest,
+    LifecycleDocument,
+    ReadmitRequest,
+    RequestError,
+    document_schema,
+    parse_request,
+)
+
+if TYPE_CHECKING:
+    from router.lifecycle.service import LifecycleService
+
+LIFECYCLE = "/narwhal/lifecycle"
+
+
+def json_response(status: int, doc: LifecycleDocument) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(doc.to_json()), content_type="application/json")
+
+
+async def _body(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        return orjson.loads(raw)  # rejects NaN/Infinity literals
+    except orjson.JSONDecodeError:
+        raise RequestError("request body is not valid JSON") from None
+
+
+def add_lifecycle_routes(app: web.Application, service: LifecycleService) -> None:
+    async def get_lifecycle(_: web.Request) -> web.Response:
+        return json_response(200, service.document())
+
+    async def drain(request: web.Request) -> web.Response:
+        try:
+            req = parse_request(DrainRequest, await _body(request))
+        except RequestError as exc:
+            return json_response(422, service.document(str(exc)))
+        status, doc = await service.drain(req.engines, req.wave, req.deadline_s)
+        return json_response(status, doc)
+
+    async def readmit(request: web.Request) -> web.Response:
+        try:
+            req = parse_request(ReadmitRequest, await _body(request))
+        except RequestError as exc:
+            return json_response(422, service.document(str(exc)))
+        status, doc = await service.readmit(req.engines, req.wave)
+        return json_response(status, doc)
+
+    spec = orjson.dumps(openapi_document())
+
+    async def openapi(_: web.Request) -> web.Response:
+        return web.Response(body=spec, content_type="application/json")
+
+    app.router.add_get(LIFECYCLE, get_lifecycle)
+    app.router.add_post(LIFECYCLE + "/drain", drain)
+    app.router.add_post(LIFECYCLE + "/readmit", readmit)
+    app.router.add_get("/narwhal/openapi.json", openapi)
+
+
+def _responses(codes: dict[str, str]) -> dict[str, Any]:
+    ref = {"$ref": "#/components/schemas/LifecycleDocument"}
+    return {c: {"description": d, "content": {"application/json": {"schema": ref}}} for c, d in codes.items()}
+
+
+def openapi_document() -> dict[str, Any]:
+    """OpenAPI 3.1 for the lifecycle endpoints, generated from the pydantic models."""
+    doc_schema = document_schema()
+    defs = doc_schema.pop("$defs", {})
+    doc_schema.pop("$schema", None)
+    doc_schema.pop("$id", None)
+    schemas: dict[str, Any] = {"LifecycleDocument": doc_schema, **defs}
+    for model in (DrainRequest, ReadmitRequest):
+        schemas[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    text = orjson.dumps(schemas).replace(b"#/$defs/", b"#/components/schemas/")
+    common = {"422": "body of the wrong shape (error names the field)", "401": "control token missing",
+              "403": "control token wrong"}  # fmt: skip
+
+    def post(model: str, summary: str, codes: dict[str, str]) -> dict[str, Any]:
+        return {
+            "post": {
+                "summary": summary,
+                "requestBody": {
+                    "required": False,
+                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model}"}}},
+                },
+                "responses": _responses({**codes, **common}),
+            }
+        }
+
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Narwhal lifecycle API", "version": "1"},
+        "paths": {
+            LIFECYCLE: {
+                "get": {"summary": "Lifecycle document", "responses": _responses({"200": "document"})}
+            },
+            LIFECYCLE + "/drain": post(
+                "DrainRequest",
+                "Drain one engine, or the whole fleet as a wave",
+                {
+                    "200": "drain started",
+                    "409": "unsafe request shape",
+                    "503": "not controlling the fleet, or identity capture failed (repeat to retry)",
+                },
+            ),
+            LIFECYCLE + "/readmit": post(
+                "ReadmitRequest",
+                "Validate restarted engines and return them to placement",
+                {
+                    "200": "readmitted",
+                    "409": "invalid shape or validation failed (engines stay blocked)",
+                    "503": "not controlling the fleet, or control lost during validation",
+                },
+            ),
+        },
+        "components": {"schemas": orjson.loads(text)},
+    }

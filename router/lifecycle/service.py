@@ -1,0 +1,163 @@
+"""The lifecycle service: drain / readmit / recovery handlers over the pure machine (spec §5.2, §6.1).
+
+It is the object attached to the core (``core.extras["lifecycle"]``, see :func:`lifecycle_of`) and
+the one HA calls: ``snapshot() -> LifecycleSection`` and ``restore(section)``. A single asyncio
+lock serializes every mutation (drain, readmit, recovery); reads never wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from router.core import RouterCore
+from router.engines.control import EngineControl, describe
+from router.lifecycle.document import LifecycleDocument, build_document
+from router.lifecycle.machine import LifecycleError, LifecycleMachine, Verdict
+from router.lifecycle.models import LifecycleSection
+from router.lifecycle.readmission import Readmission
+
+log = logging.getLogger("narwhal.lifecycle")
+EXTRAS_KEY = "lifecycle"
+NOT_CONTROLLING = "this router does not control the fleet"
+FENCED_DRAIN = "router control was fenced during drain"
+FENCED_VALIDATION = "router control was fenced during validation"
+VALIDATION_FAILED = "readmission validation failed"
+
+Result = tuple[int, LifecycleDocument]
+PersistHook = Callable[[], Awaitable[None] | None]
+
+
+class LifecycleService:
+    def __init__(
+        self,
+        core: RouterCore,
+        control: EngineControl | None = None,
+        eject: Callable[[str, str], object] | None = None,
+    ) -> None:
+        self.core = core
+        self._owns_control = control is None
+        self.control = control or EngineControl(core.config)
+        self.machine = LifecycleMachine(core.config, core.scheduler, core.clock, on_event=core.journal.append)
+        self.readmission = Readmission(core.config, core.scheduler, self.machine, self.control, eject=eject)
+        self.lock = asyncio.Lock()
+        self.persist_hooks: list[PersistHook] = []  # HA: write the handoff after lifecycle POSTs
+        core.extras[EXTRAS_KEY] = self
+
+    # -- component protocol (routes live in routes.py) ---------------------------------------
+    def add_routes(self, app: Any) -> None:
+        from router.lifecycle.routes import add_lifecycle_routes
+
+        add_lifecycle_routes(app, self)
+
+    async def start(self) -> None:
+        if self._owns_control:
+            await self.control.start()
+
+    async def stop(self) -> None:
+        if self._owns_control:
+            await self.control.stop()
+
+    # -- HA interface ------------------------------------------------------------------------
+    def snapshot(self) -> LifecycleSection:
+        return self.machine.snapshot()
+
+    def restore(self, section: LifecycleSection | Mapping[str, Any]) -> None:
+        """Strict restore (raises LifecycleError); identities must be re-validated afterwards."""
+        self.machine.restore(section)
+        if self.core.config.contract_complete:
+            self.core.identities_ready = False
+
+    def require_restart_wave(self, reason: str, reset: bool = False) -> bool:
+        return self.machine.require_restart_wave(reason, reset)
+
+    # -- views -------------------------------------------------------------------------------
+    def document(self, error: str = "") -> LifecycleDocument:
+        return build_document(self.machine, self.core, error)
+
+    def _answer(self, status: int, error: str = "") -> Result:
+        return status, self.document(error)
+
+    async def _persist(self) -> None:
+        for hook in list(self.persist_hooks):
+            try:
+                result = hook()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # spec §5.2 step 6: persistence errors never fail the action
+                log.exception("lifecycle persist hook failed")
+
+    # -- drain (spec §5.2) -------------------------------------------------------------------
+    async def drain(self, engines: Iterable[str], wave: bool, deadline_s: float) -> Result:
+        if not self.core.controls_fleet():
+            return self._answer(503, NOT_CONTROLLING)
+        engines = list(engines)
+        async with self.lock:
+            try:
+                self.machine.begin(engines, wave, deadline_s)  # targets leave placement here
+            except LifecycleError as exc:
+                return self._answer(409, str(exc))
+            pending = self.machine.pending_identity(engines, wave)
+            results = await self.readmission.capture(pending) if pending else {}
+            failures = {
+                iid: err for iid, res in results.items() if (err := self.machine.bind_capture(iid, res))
+            }
+            await self._persist()
+            if not self.core.controls_fleet():
+                return self._answer(503, FENCED_DRAIN)
+            if failures:
+                return self._answer(503, "; ".join(f"{iid}: {failures[iid]}" for iid in sorted(failures)))
+            return self._answer(200)
+
+    # -- readmit (spec §6.1) -----------------------------------------------------------------
+    async def readmit(self, engines: Iterable[str], wave: bool) -> Result:
+        if not self.core.controls_fleet():
+            return self._answer(503, NOT_CONTROLLING)
+        engines = list(engines)
+        async with self.lock:
+            try:
+                targets = self.machine.mark_validating(engines, wave)
+            except LifecycleError as exc:
+                return self._answer(409, str(exc))
+            await self._persist()
+            ok, fenced = await self._validate(targets, wave)
+            await self._persist()
+            if fenced:
+                return self._answer(503, FENCED_VALIDATION)
+            return self._answer(200) if ok else self._answer(409, VALIDATION_FAILED)
+
+    async def _validate(self, targets: list[str], wave: bool) -> tuple[bool, bool]:
+        """Run the checks and apply the verdicts; returns (readmitted, control lost)."""
+        try:
+            verdicts = await self.readmission.validate(targets, wave)
+        except Exception as exc:
+            log.exception("readmission validator raised")
+            verdicts = {i: Verdict(errors=[f"validation raised {describe(exc)}"]) for i in targets}
+        fenced = not self.core.controls_fleet()
+        if fenced:
+            verdicts = {i: Verdict(checks=verdicts[i].checks, errors=[FENCED_VALIDATION]) for i in targets}
+        return self.machine.complete_validation(verdicts), fenced
+
+    # -- automatic recovery (spec §6.7, §7.3) ------------------------------------------------
+    async def recover(self, engines: list[str], wave: bool = False) -> bool:
+        """Validate ejected engines on their running processes; True when readmitted."""
+        if not self.core.controls_fleet() or self.lock.locked():
+            return False
+        async with self.lock:
+            try:
+                targets = self.machine.start_recovery(engines, wave)
+            except LifecycleError:
+                return False
+            await self._persist()
+            ok, _ = await self._validate(targets, wave)
+            await self._persist()
+            return ok
+
+
+def lifecycle_of(core: RouterCore) -> LifecycleService | None:
+    """The lifecycle service attached to ``core`` (None when the router runs without one)."""
+    service = core.extras.get(EXTRAS_KEY)
+    return service if isinstance(service, LifecycleService) else None

@@ -1,0 +1,122 @@
+"""Helpers for the lifecycle integration tests: a supervised sim fleet + router, polling, client load."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+
+from router.lifecycle.document import SCHEMA_PATH
+from tests.support.fleet import SimEngine, start_supervisor, write_fleet
+from tests.support.procs import ProcGroup
+from tests.support.router import RouterHandle, start_router
+
+SCHEMA = json.loads(SCHEMA_PATH.read_text())
+FAST = {"controller": {"monitor_interval_s": 0.2}, "recovery": {"liveness_every": 2, "readmit_every": 2}}
+
+
+@dataclass
+class Stack:
+    router: RouterHandle
+    supervisor: str
+    sims: list[SimEngine]
+
+    def url(self, iid: str) -> str:
+        return next(s.url for s in self.sims if s.iid == iid)
+
+    def lifecycle(self) -> dict[str, Any]:
+        doc: dict[str, Any] = self.router.get("/narwhal/lifecycle").json()
+        jsonschema.validate(doc, SCHEMA)
+        return doc
+
+    def post(self, action: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        r = self.router.post(f"/narwhal/lifecycle/{action}", body, timeout=60)
+        doc: dict[str, Any] = r.json()
+        jsonschema.validate(doc, SCHEMA)
+        return r.status_code, doc
+
+    def restart(self, iid: str) -> dict[str, Any]:
+        r = httpx.post(f"{self.supervisor}/engines/{iid}/restart", timeout=60)
+        r.raise_for_status()
+        out: dict[str, Any] = r.json()
+        return out
+
+    def supervise(self, iid: str, action: str) -> None:
+        httpx.post(f"{self.supervisor}/engines/{iid}/{action}", timeout=60).raise_for_status()
+
+
+def start_stack(
+    group: ProcGroup, tmp_path: Path, n: int = 3, policy: str = "individual", extra: dict[str, Any] | None = None,
+    **sim_opts: Any,
+) -> Stack:  # fmt: skip
+    sup, sims = start_supervisor(group, tmp_path, n, **sim_opts)
+    merged = json.loads(json.dumps(FAST))
+    for key, value in (extra or {}).items():
+        merged.setdefault(key, {}).update(value)
+    fleet = write_fleet(tmp_path, sims, policy=policy, extra=merged)
+    router = start_router(group, fleet, tmp_path, wait_ready=True)
+    return Stack(router, sup, sims)
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+@dataclass
+class Load:
+    ok: int = 0
+    failed: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+@contextmanager
+def client_load(router_url: str, workers: int = 4, max_tokens: int = 24) -> Iterator[Load]:
+    """Continuous completions (half streamed) until the block ends; failures are recorded."""
+    load = Load()
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        with httpx.Client(timeout=30) as client:
+            while not load.stop.is_set():
+                body = {
+                    "model": "sim-model",
+                    "prompt": f"load {i}",
+                    "max_tokens": max_tokens,
+                    "stream": i % 2 == 0,
+                }
+                try:
+                    r = client.post(router_url + "/v1/completions", json=body)
+                    good = r.status_code == 200 and ("error" not in r.text[-400:] if body["stream"] else True)
+                    detail = f"{r.status_code} {r.text[:200]}"
+                except httpx.HTTPError as exc:
+                    good, detail = False, repr(exc)
+                with lock:
+                    if good:
+                        load.ok += 1
+                    else:
+                        load.failed.append(detail)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
+    for t in threads:
+        t.start()
+    try:
+        yield load
+    finally:
+        load.stop.set()
+        for t in threads:
+            t.join(timeout=30)
