@@ -83,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         import uvloop
 
         uvloop.run(serve(config, options))
+    except ConfigError as exc:  # found while building the router (e.g. control token unset)
+        print(f"narwhal-serve: error: {exc}", file=sys.stderr)
+        return 2
     except (OSError, RuntimeError) as exc:
         print(f"narwhal-serve: error: {exc}", file=sys.stderr)
         return 1

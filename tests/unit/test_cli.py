@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -83,3 +84,17 @@ def test_installed_script_exit_code(tmp_path: Path) -> None:
     )
     assert r.returncode == 2
     assert "bogus" in r.stderr and str(bad) in r.stderr
+
+
+def test_unset_control_token_env_is_a_usage_error(tmp_path: Path) -> None:
+    fleet = write(tmp_path, {**PEER_FLEET, "control": {"token_env": "NARWHAL_TEST_TOKEN_UNSET"}})
+    env = {k: v for k, v in os.environ.items() if k != "NARWHAL_TEST_TOKEN_UNSET"}
+    r = subprocess.run(
+        [script("narwhal-serve"), "--fleet", str(fleet), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert r.returncode == 2
+    assert "NARWHAL_TEST_TOKEN_UNSET" in r.stderr and "Traceback" not in r.stderr
