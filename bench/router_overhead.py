@@ -1,16 +1,25 @@
 """Router overhead: the same closed-loop streaming load, without and with the router.
 
-Three targets, each with ``--concurrency`` workers sending ``--requests`` streamed completions with a
-fixed prompt, over loopback only (all processes started here and stopped by PID):
+Targets (``--targets``, default ``direct,direct-pd,router``), each with ``--concurrency`` workers
+sending ``--requests`` streamed completions with a fixed prompt, over loopback only (all processes
+started here and stopped by PID):
 
-* ``direct``    — straight to one simulated engine (no PD split: one leg).
-* ``direct-pd`` — the client itself runs the PD split over two sims (prefill on A, decode on B
-                  with the descriptor) — the same engine work the router does.
-* ``router``    — through ``narwhal-serve`` (PD split over the same two sims).
+* ``direct``      — straight to one simulated engine (no PD split: one leg).
+* ``direct-pd``   — the client itself runs the PD split over two sims (prefill on A, decode on B
+                    with the descriptor) — the same engine work the router does.
+* ``router``      — through ``narwhal-serve`` (PD split over the same two sims).
+* ``vllm-router`` — through the Rust ``vllm-router`` (``--vllm-pd-disaggregation``, nixl,
+                    round robin) over the same two sims, for comparison.
 
 Router overhead = router − direct-pd (same legs, same engines); ``direct`` is shown for scale.
+CPU per request: user+system time of the router process (``/proc/<pid>/stat``, all threads) over
+the measured run ÷ requests; ``sims cpu`` is the same for the two engine simulators together and
+``gen cpu`` for this load generator; ``rtr/sims`` (router over sims CPU, same requests) is less
+sensitive to what else the machine is running than either alone. Everything shares the machine's cores, so router CPU per
+request is the number that decides how much it slows the rest down.
 
     .venv/bin/python bench/router_overhead.py --requests 2000 --concurrency 50
+    .venv/bin/python bench/router_overhead.py --targets direct-pd,router,vllm-router --concurrency 64 --rounds 4
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -32,9 +42,18 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fleet.fleetgen import sim_command
-from tests.support.procs import free_port, proc_group, script, wait_http
+from tests.support.procs import BIN, free_port, proc_group, script, wait_http
 
 MODEL = "sim-model"
+TARGETS = ("direct", "direct-pd", "router", "vllm-router")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[float, float]:
@@ -64,7 +83,16 @@ async def _direct_pd(
     return ttft + (time.perf_counter() - t0 - e2e), time.perf_counter() - t0
 
 
-async def run_load(kind: str, urls: list[str], n: int, concurrency: int, max_tokens: int) -> dict[str, float]:
+async def run_load(
+    kind: str,
+    urls: list[str],
+    n: int,
+    concurrency: int,
+    max_tokens: int,
+    router_pid: int | None = None,
+    sim_pids: tuple[int, ...] = (),
+) -> dict[str, Any]:
+    """One measured run: raw latencies and the CPU each process used (see ``summarize``)."""
     body = {
         "model": MODEL,
         "prompt": "the quick brown narwhal jumps over the lazy walrus",
@@ -96,9 +124,25 @@ async def run_load(kind: str, urls: list[str], n: int, concurrency: int, max_tok
                 for _ in range(concurrency)
             )
         )
+        cpu0 = cpu_seconds(router_pid) if router_pid else 0.0
+        sims0 = sum(cpu_seconds(p) for p in sim_pids)
+        gen0 = time.process_time()
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
+        gen = time.process_time() - gen0
+        cpu = (cpu_seconds(router_pid) - cpu0) if router_pid else 0.0
+        sims = sum(cpu_seconds(p) for p in sim_pids) - sims0
+    return {"lat": lat, "ttft": ttfts, "wall": wall, "cpu": cpu, "sims": sims, "gen": gen}
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Pool the rounds of one target: latencies together, wall and CPU time summed."""
+    lat = [x for r in runs for x in r["lat"]]
+    ttfts = [x for r in runs for x in r["ttft"]]
+    n = len(lat)
+    wall, cpu = sum(r["wall"] for r in runs), sum(r["cpu"] for r in runs)
+    sims, gen = sum(r["sims"] for r in runs), sum(r["gen"] for r in runs)
     q = statistics.quantiles(lat, n=100)
     qt = statistics.quantiles(ttfts, n=100)
     return {
@@ -107,7 +151,36 @@ async def run_load(kind: str, urls: list[str], n: int, concurrency: int, max_tok
         "p99_ms": q[98] * 1e3,
         "ttft_p50_ms": qt[49] * 1e3,
         "ttft_p99_ms": qt[98] * 1e3,
+        "router_cpu_ms": cpu / n * 1e3,
+        "router_cpu_util": cpu / wall,
+        "sims_cpu_ms": sims / n * 1e3,
+        "gen_cpu_ms": gen / n * 1e3,
     }
+
+
+def _vllm_router_cmd(sims: list[str], port: int, log_dir: Path) -> list[str]:
+    return [
+        str(BIN / "vllm-router"),
+        "--vllm-pd-disaggregation",
+        "--prefill",
+        sims[0],
+        "--decode",
+        sims[1],
+        "--kv-connector",
+        "nixl",
+        "--policy",
+        "round_robin",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
+        "--log-dir",
+        str(log_dir / "vllm-router-logs"),
+    ]
 
 
 def main() -> int:
@@ -117,7 +190,29 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--itl-ms", type=float, default=1.0)
     ap.add_argument("--ttft-base-ms", type=float, default=2.0)
+    ap.add_argument(
+        "--targets",
+        default="direct,direct-pd,router",
+        help=f"comma-separated, run in this order; any of {', '.join(TARGETS)}",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="split --requests into this many rounds, cycling through the targets each round, so "
+        "load from anything else on the machine lands on every target alike",
+    )
+    ap.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        help="seconds to keep the load running on `router` for a profiler (prints the router PID)",
+    )
     a = ap.parse_args()
+    targets = [t.strip() for t in a.targets.split(",") if t.strip()]
+    unknown = sorted(set(targets) - set(TARGETS))
+    if unknown:
+        ap.error(f"unknown targets: {', '.join(unknown)}")
     print("command:", shlex.join([sys.executable, *sys.argv]))
     sim_opts = {"itl_ms": a.itl_ms, "ttft_base_ms": a.ttft_base_ms, "max_concurrency": 1024}
     with tempfile.TemporaryDirectory() as tmpdir, proc_group(Path(tmpdir)) as group:
@@ -156,27 +251,63 @@ def main() -> int:
         )
         router = f"http://127.0.0.1:{rport}"
         wait_http(router + "/ready", proc=router_proc)
-        results = {
-            "direct": asyncio.run(run_load("direct", [sims[1]], a.requests, a.concurrency, a.max_tokens)),
-            "direct-pd": asyncio.run(run_load("direct-pd", sims, a.requests, a.concurrency, a.max_tokens)),
-            "router": asyncio.run(run_load("router", [router], a.requests, a.concurrency, a.max_tokens)),
+        vproc = None
+        if "vllm-router" in targets:
+            vport = free_port()
+            vproc = group.start("vllm-router", _vllm_router_cmd(sims, vport, tmp))
+            wait_http(f"http://127.0.0.1:{vport}/health", timeout=30, proc=vproc)
+        sim_pids = tuple(p.pid for p in group.procs[:2])
+        plans: dict[str, tuple[list[str], int | None]] = {
+            "direct": ([sims[1]], None),
+            "direct-pd": (sims, None),
+            "router": ([router], router_proc.pid),
+            "vllm-router": ([f"http://127.0.0.1:{vport}"], vproc.pid) if vproc else ([], None),
         }
+        if a.hold > 0:
+            print(f"router pid {router_proc.pid}: holding load for {a.hold:.0f}s", flush=True)
+            n_hold = max(a.requests, int(a.hold * 2000))
+            asyncio.run(run_load("router", [router], n_hold, a.concurrency, a.max_tokens))
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+        per_round = max(a.concurrency, a.requests // max(a.rounds, 1))
+        for _ in range(max(a.rounds, 1)):
+            for name in targets:
+                urls, pid = plans[name]
+                runs[name].append(
+                    asyncio.run(run_load(name, urls, per_round, a.concurrency, a.max_tokens, pid, sim_pids))
+                )
+        results = {name: summarize(r) for name, r in runs.items()}
     print(
-        f"{a.requests} streamed requests, {a.concurrency} concurrent, {a.max_tokens} tokens, "
-        f"sim itl {a.itl_ms} ms / ttft base {a.ttft_base_ms} ms"
+        f"{per_round * max(a.rounds, 1)} streamed requests per target ({max(a.rounds, 1)} rounds), "
+        f"{a.concurrency} concurrent, {a.max_tokens} tokens, "
+        f"sim itl {a.itl_ms} ms / ttft base {a.ttft_base_ms} ms, {os.cpu_count()} cpus"
     )
-    print(f"{'target':10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'ttft50':>8} {'ttft99':>8}")
+    print(
+        f"{'target':11} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'ttft50':>8} {'ttft99':>8} "
+        f"{'rtr cpu ms/req':>15} {'rtr util':>9} {'sims cpu':>9} {'gen cpu':>8} {'rtr/sims':>8}"
+    )
     for name, r in results.items():
         print(
-            f"{name:10} {r['rps']:8.1f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['ttft_p50_ms']:8.2f} "
-            f"{r['ttft_p99_ms']:8.2f}"
+            f"{name:11} {r['rps']:8.1f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['ttft_p50_ms']:8.2f} "
+            f"{r['ttft_p99_ms']:8.2f} {r['router_cpu_ms']:15.3f} {r['router_cpu_util']:9.2f} "
+            f"{r['sims_cpu_ms']:9.3f} {r['gen_cpu_ms']:8.3f} {r['router_cpu_ms'] / r['sims_cpu_ms']:8.3f}"
         )
-    base, rt = results["direct-pd"], results["router"]
-    print(
-        f"router vs direct-pd: added p50 {rt['p50_ms'] - base['p50_ms']:+.2f} ms "
-        f"(ratio {rt['p50_ms'] / base['p50_ms']:.3f}), added p99 {rt['p99_ms'] - base['p99_ms']:+.2f} ms, "
-        f"throughput ratio {rt['rps'] / base['rps']:.3f}"
-    )
+    base = results.get("direct-pd")
+    for name in ("router", "vllm-router"):
+        rt = results.get(name)
+        if base is None or rt is None:
+            continue
+        print(
+            f"{name} vs direct-pd: added p50 {rt['p50_ms'] - base['p50_ms']:+.2f} ms "
+            f"(ratio {rt['p50_ms'] / base['p50_ms']:.3f}), added p99 {rt['p99_ms'] - base['p99_ms']:+.2f} ms, "
+            f"throughput ratio {rt['rps'] / base['rps']:.3f}, router cpu {rt['router_cpu_ms']:.3f} ms/req"
+        )
+    if "router" in results and "vllm-router" in results:
+        r, v = results["router"], results["vllm-router"]
+        print(
+            f"router vs vllm-router: throughput ratio {r['rps'] / v['rps']:.3f}, "
+            f"p50 {r['p50_ms'] - v['p50_ms']:+.2f} ms, cpu/req ratio "
+            f"{r['router_cpu_ms'] / max(v['router_cpu_ms'], 1e-9):.2f}"
+        )
     return 0
 
 

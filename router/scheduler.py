@@ -74,19 +74,25 @@ class Scheduler:
         share light traffic instead of the first one taking all of it.
         """
         candidates = self.eligible()
-        if not candidates:
+        n = len(candidates)
+        if not n:
             return None
-        self._turn = (self._turn + 1) % len(candidates)
+        turn = self._turn = (self._turn + 1) % n
         best: EngineRuntime | None = None
         fallback: EngineRuntime | None = None
-        for e in candidates[self._turn :] + candidates[: self._turn]:
-            if e.iid in exclude or not e.can_serve(phase):
+        best_load = fallback_load = 0
+        for i in range(turn, turn + n):
+            e = candidates[i % n] if i >= n else candidates[i]
+            if exclude and e.iid in exclude:
                 continue
             if e.role == phase:
-                if best is None or e.resident < best.resident:
-                    best = e
-            elif fallback is None or e.resident < fallback.resident:
-                fallback = e
+                load = e.resident_prefill + e.resident_decode
+                if best is None or load < best_load:
+                    best, best_load = e, load
+            elif not e.pin:  # can_serve(phase): labelled for it, or unpinned
+                load = e.resident_prefill + e.resident_decode
+                if fallback is None or load < fallback_load:
+                    fallback, fallback_load = e, load
         return best if best is not None else fallback
 
     def serving_engines_for(self, phase: Role, without: str | None = None) -> int:

@@ -189,8 +189,13 @@ class EngineClient:
     @staticmethod
     def _new_session(limit: int) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=60.0)
+        # No Accept-Encoding: the router relays bodies as they come (auto_decompress=False), so an
+        # engine must not compress them; fewer auto headers is also less work per leg.
         return aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),  # engines' cookies are never sent back
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
         )
 
     @property
@@ -280,43 +285,107 @@ class EngineClient:
         return isinstance(doc, dict) and isinstance(doc.get("choices"), list) and bool(doc["choices"])
 
 
-class DecodeStream:
-    """Server-sent events of one decode leg: ``next_data()`` yields each ``data:`` payload."""
+_SEP = b"\n\n"
+_MAX_EVENT = 1 << 20  # one SSE event larger than this is a broken stream, not a token
 
-    __slots__ = ("iid", "resp")
+
+def _event_payload(event: bytes, unterminated: bool = False) -> bytes | None:
+    """The data of one SSE event (without its blank-line terminator); None when it has none.
+
+    ``unterminated``: the bytes left at EOF, framed as the per-event reader this replaced did.
+    """
+    if event.startswith(b"data:") and (
+        event.count(b"\n", 0, -2) == 0 if unterminated else b"\n" not in event
+    ):
+        return event[5:].strip()
+    # multi-line event: comments, event names, several data lines
+    payload = b"\n".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
+    return payload or None
+
+
+class DecodeStream:
+    """Server-sent events of one decode leg.
+
+    ``next_events()`` yields every complete ``data:`` payload that has arrived (at least one), so a
+    relay can forward a burst of frames with one write; ``next_data()`` yields them one by one.
+    Events are split on ``\\n\\n`` over the raw body chunks (no per-line reads).
+    """
+
+    __slots__ = ("_buf", "_done", "_ready", "iid", "resp")
 
     def __init__(self, resp: aiohttp.ClientResponse, iid: str) -> None:
         self.resp = resp
         self.iid = iid
+        self._buf = b""  # bytes of an incomplete event
+        self._ready: list[bytes] = []  # complete payloads not handed out yet
+        self._done = False  # [DONE] seen (anything after it is ignored)
 
     async def next_data(self) -> bytes | None:
-        """The next data payload; None after ``[DONE]``. Raises LegFailure(stream) otherwise.
+        """The next data payload; None after ``[DONE]``. Raises LegFailure(stream) otherwise."""
+        if not self._ready and not self._done:
+            await self._fill()
+        if self._ready:
+            return self._ready.pop(0)
+        return None
 
-        Reads one whole event (``\n\n``-terminated, as vLLM frames them) per call.
+    async def next_events(self) -> tuple[list[bytes], bool]:
+        """(payloads, done): all complete payloads so far, waiting for at least one event.
+
+        ``done`` is True once ``[DONE]`` was read (``payloads`` are the ones before it). Raises
+        LegFailure(stream) when the stream fails or ends without ``[DONE]``.
         """
+        if not self._ready and not self._done:
+            await self._fill()
+        return self.ready()
+
+    def ready(self) -> tuple[list[bytes], bool]:
+        """What ``next_events`` would return, without waiting (possibly ``([], False)``)."""
+        out = self._ready
+        self._ready = []
+        return out, self._done
+
+    async def _fill(self) -> None:
+        """Read until at least one payload (or [DONE]) is complete."""
         content = self.resp.content
         try:
             while True:
-                event = await content.readuntil(b"\n\n")
-                if not event:
+                chunk = await content.readany()
+                if not chunk:  # EOF: an unterminated last event still counts, like a readuntil()
+                    tail, self._buf = self._buf, b""
+                    if tail:
+                        self._add(tail, unterminated=True)
+                    if self._ready or self._done:
+                        return
                     raise LegFailure("stream", "decode", self.iid, "stream ended without [DONE]")
-                if event.startswith(b"data:") and event.count(b"\n", 0, -2) == 0:
-                    payload = event[5:].strip()
-                else:  # multi-line event: comments, event names, several data lines
-                    payload = b"\n".join(
-                        line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")
-                    )
-                    if not payload:
-                        continue
-                if payload == b"[DONE]":
-                    return None
-                return payload
+                buf = self._buf + chunk if self._buf else chunk
+                start = 0
+                while (end := buf.find(_SEP, start)) != -1:
+                    if self._add(buf[start:end]):
+                        self._buf = b""
+                        return
+                    start = end + 2
+                self._buf = buf[start:] if start else buf
+                if self._ready:
+                    return
+                if len(self._buf) > _MAX_EVENT:
+                    raise LegFailure("stream", "decode", self.iid, "stream event too large")
         except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
             failure = _classify(exc, "decode", self.iid)
             failure.kind = "stream"
             if isinstance(exc, TimeoutError):
                 failure.detail = "decode read timed out"
             raise failure from None
+
+    def _add(self, event: bytes, unterminated: bool = False) -> bool:
+        """Queue one event's payload; True when it is [DONE] (the stream's end)."""
+        payload = _event_payload(event, unterminated)
+        if payload is None:
+            return False
+        if payload == b"[DONE]":
+            self._done = True
+            return True
+        self._ready.append(payload)
+        return False
 
     def close(self) -> None:
         """Drop the connection (not back to the pool): the engine sees the client go away."""
