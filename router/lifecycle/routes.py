@@ -5,7 +5,9 @@ body of the wrong shape is 422 with the document and an ``error`` naming the fie
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import asyncio
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from aiohttp import web
@@ -23,6 +25,22 @@ if TYPE_CHECKING:
     from router.lifecycle.service import LifecycleService
 
 LIFECYCLE = "/narwhal/lifecycle"
+T = TypeVar("T")
+# Mutations that outlived their HTTP request (strong references keep the tasks alive).
+_detached: set[asyncio.Task[Any]] = set()
+
+
+async def run_to_completion(work: Coroutine[Any, Any, T]) -> T:
+    """Run a lifecycle mutation so a client that leaves cannot cancel it halfway.
+
+    The server cancels a handler whose client disconnected; a drain or readmit cancelled mid-way
+    would strand its engines (e.g. in ``validating`` for good). The mutation runs as its own task
+    and finishes — recording its outcome in the lifecycle — whether or not anyone reads the answer.
+    """
+    task = asyncio.ensure_future(work)
+    _detached.add(task)
+    task.add_done_callback(_detached.discard)
+    return await asyncio.shield(task)
 
 
 def json_response(status: int, doc: LifecycleDocument) -> web.Response:
@@ -48,7 +66,7 @@ def add_lifecycle_routes(app: web.Application, service: LifecycleService) -> Non
             req = parse_request(DrainRequest, await _body(request))
         except RequestError as exc:
             return json_response(422, service.document(str(exc)))
-        status, doc = await service.drain(req.engines, req.wave, req.deadline_s)
+        status, doc = await run_to_completion(service.drain(req.engines, req.wave, req.deadline_s))
         return json_response(status, doc)
 
     async def readmit(request: web.Request) -> web.Response:
@@ -56,7 +74,7 @@ def add_lifecycle_routes(app: web.Application, service: LifecycleService) -> Non
             req = parse_request(ReadmitRequest, await _body(request))
         except RequestError as exc:
             return json_response(422, service.document(str(exc)))
-        status, doc = await service.readmit(req.engines, req.wave)
+        status, doc = await run_to_completion(service.readmit(req.engines, req.wave))
         return json_response(status, doc)
 
     spec = orjson.dumps(openapi_document())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,10 +22,28 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
+_handed_out: set[int] = set()
+_rng = random.Random(os.getpid() ^ time.monotonic_ns())
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port below the kernel's ephemeral range (32768+), never handed out twice.
+
+    Ports from the ephemeral range can be taken by any outgoing connection between the moment a
+    test picks one and the moment its server binds it; ports below that range cannot.
+    """
+    for _ in range(200):
+        port = _rng.randrange(20000, 32000)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free loopback port found in 20000-32000")
 
 
 class Proc:
