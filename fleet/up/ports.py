@@ -1,0 +1,86 @@
+"""Port plan of a ``narwhal-up`` stack and the up-front check that every port is free.
+
+With ``--base-port B`` every port is derived from ``B`` (see ``OFFSETS``); without it the
+well-known defaults apply (Temporal 7233, UI 8233, router 8000, ...). An individual flag always wins.
+Nothing is started before ``busy_ports`` found every port bindable on the host.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from dataclasses import dataclass, fields
+
+# field -> (default port, offset from --base-port, flag)
+OFFSETS: dict[str, tuple[int, int, str]] = {
+    "temporal": (7233, 0, "--temporal-port"),
+    "temporal_http": (7243, 1, "--temporal-http-port"),
+    "temporal_metrics": (7253, 2, "--temporal-metrics-port"),
+    "ui": (8233, 3, "--ui-port"),
+    "supervisor": (8900, 4, "--supervisor-port"),
+    "router": (8000, 5, "--router-port"),
+    "standby": (8001, 6, "--standby-port"),
+    "engine_base": (8100, 10, "--engine-base-port"),
+}
+
+
+@dataclass(frozen=True)
+class Ports:
+    temporal: int
+    temporal_http: int
+    temporal_metrics: int
+    ui: int
+    supervisor: int
+    router: int
+    standby: int
+    engine_base: int
+    engines: int  # how many engine ports, starting at engine_base
+
+    def engine_ports(self) -> list[int]:
+        return [self.engine_base + i for i in range(self.engines)]
+
+    def named(self) -> list[tuple[str, int, str]]:
+        """(what, port, flag that moves it) for every port of the plan."""
+        out = [(f.name, getattr(self, f.name), OFFSETS[f.name][2]) for f in fields(self) if f.name in OFFSETS]
+        out = [o for o in out if o[0] != "engine_base"]
+        out += [(f"engine e{i}", p, "--engine-base-port") for i, p in enumerate(self.engine_ports())]
+        return out
+
+
+def plan_ports(base: int | None, engines: int, overrides: dict[str, int | None]) -> Ports:
+    """Defaults, or ``base + offset``; ``overrides`` (field -> port or None) win."""
+    values: dict[str, int] = {}
+    for name, (default, offset, _flag) in OFFSETS.items():
+        chosen = overrides.get(name)
+        values[name] = chosen if chosen is not None else (default if base is None else base + offset)
+    return Ports(engines=engines, **values)
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when ``host:port`` can be bound now (SO_REUSEADDR, as the servers themselves bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+                return False
+            raise
+    return True
+
+
+def port_problems(ports: Ports, host: str = "127.0.0.1") -> list[str]:
+    """Operator-facing lines for every invalid, duplicated or busy port (empty = all good)."""
+    problems: list[str] = []
+    seen: dict[int, str] = {}
+    for what, port, flag in ports.named():
+        if not 0 < port < 65536:
+            problems.append(f"{what} port {port} is out of range; pass {flag} N or --base-port N")
+            continue
+        if port in seen:
+            problems.append(f"{what} and {seen[port]} would both use port {port}; pass {flag} N")
+            continue
+        seen[port] = what
+        if not port_free(port, host):
+            problems.append(f"{what} port {port} is in use; pass {flag} N or --base-port N")
+    return problems
