@@ -4,6 +4,10 @@ standby and ``GET /narwhal/handoff`` (spec §2.3–2.6, §3.3).
 It is a ``router.app.Component``. Other components reach it through the core:
 ``core.extras["persist"]()`` writes the state file now (the lifecycle calls it after every change;
 a no-op on a standby or fenced router), ``core.extras["ha"]`` is this object.
+
+The periodic state-file write is the ``handoff`` stage of the lifecycle monitor pass when a monitor
+runs (``core.extras["monitor_stages"]``, spec §7.1: its failures count towards "monitoring
+degraded"); without a monitor this component runs its own writer loop.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ class HAService:
         self.resume_result: tuple[bool, str] | None = None
         self.takeover_gap_s: float | None = None
         self.persist_failures = 0
+        self.monitored = False  # the monitor pass runs the periodic write (write_handoff)
+        self._write_lock = asyncio.Lock()  # the final snapshot at stop() is never overtaken
+        self._stopping = False
         core.extras["ha"] = self
         core.extras["persist"] = self.persist
 
@@ -93,8 +100,10 @@ class HAService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
-        if controlled and self.core.controls_fleet():
-            self.persist()  # final snapshot with the latest counters
+        self._stopping = True
+        async with self._write_lock:  # a monitor-pass write still in flight lands first
+            if controlled and self.core.controls_fleet():
+                self.persist()  # final snapshot with the latest counters
         if self.lease is not None and self.lease.owned:
             await asyncio.to_thread(self.lease.release)
 
@@ -134,24 +143,37 @@ class HAService:
         if not self.core.controls_fleet():
             return False
         try:
-            statefile.write(self.settings.state_path, transfer.build(self.core))
+            self._write_both(transfer.build(self.core))
         except (OSError, ValueError) as exc:
             self.persist_failures += 1
             log.warning("cannot write handoff %s: %s", self.settings.state_path, exc)
             return False
         return True
 
-    async def _persist_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.persist_interval_s)
-            if not self.core.controls_fleet():
-                continue
+    def _write_both(self, doc: Handoff) -> None:
+        """Own state file, and (with a lease) the shared copy the standby reads at takeover."""
+        statefile.write(self.settings.state_path, doc)
+        if self.settings.lease_path:
+            statefile.write(statefile.shared_handoff_path(self.settings.lease_path), doc)
+
+    async def write_handoff(self) -> None:
+        """The periodic write (monitor stage ``handoff``); raises when the state file cannot be written."""
+        async with self._write_lock:
+            if self._stopping or not self.core.controls_fleet():
+                return
             try:
                 doc = transfer.build(self.core)
-                await asyncio.to_thread(statefile.write, self.settings.state_path, doc)
+                await asyncio.to_thread(self._write_both, doc)
             except (OSError, ValueError) as exc:
                 self.persist_failures += 1
                 log.warning("cannot write handoff %s: %s", self.settings.state_path, exc)
+                raise
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.persist_interval_s)
+            with contextlib.suppress(OSError, ValueError):
+                await self.write_handoff()
 
     def resume(self) -> tuple[bool, str]:
         """``--resume``: apply the state file, all or nothing; a refusal is logged with its reason."""
@@ -220,7 +242,13 @@ class HAService:
     def _start_loops(self) -> None:
         if self.lease is not None and self.lease.owned:
             self._spawn(self._renew_loop(self.lease), "narwhal-lease-renewal")
-        self._spawn(self._persist_loop(), "narwhal-handoff-writer")
+        stages = self.core.extras.get("monitor_stages")  # router/lifecycle/monitor.py
+        if isinstance(stages, list):  # after claim/resume/takeover: never overwrite an unread file
+            if all(fn != self.write_handoff for _, fn in stages):
+                stages.append(("handoff", self.write_handoff))
+            self.monitored = True
+        else:
+            self._spawn(self._persist_loop(), "narwhal-handoff-writer")
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)

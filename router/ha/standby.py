@@ -56,6 +56,20 @@ def judge_probe(
     return ProbeResult(True, "", doc)
 
 
+def freshest(polled: Handoff | None, shared: Handoff | None, lease: LeaseRecord | None) -> Handoff | None:
+    """The handoff to take over with: the polled snapshot, or the holder's shared copy when that is
+    the last holder's own (same holder and epoch as the lease record) and newer than the poll."""
+    if shared is None or lease is None or shared.holder != lease.holder or shared.epoch != lease.epoch:
+        return polled
+    if (
+        polled is None
+        or shared.epoch > polled.epoch
+        or (shared.epoch == polled.epoch and shared.at > polled.at)
+    ):
+        return shared
+    return polled
+
+
 def newer_or_same(kept: Handoff | None, doc: Handoff) -> bool:
     """Never replace a snapshot with one from an older epoch."""
     return kept is None or doc.epoch >= kept.epoch
@@ -151,7 +165,7 @@ class StandbyLoop:
     async def try_takeover(self) -> bool:
         """One takeover attempt; True when the loop must end (took over, or refused for good)."""
         control, clock = self.core.control, self.core.clock
-        doc = self.doc
+        doc = self.doc = await self._freshest()
         if doc is None or clock.wall() - doc.at > self.settings.standby_max_handoff_age_s:
             control.failover_blocked = "no fresh handoff"
             return False
@@ -183,6 +197,21 @@ class StandbyLoop:
             self.takeover_gap_s,
         )
         return True
+
+    async def _freshest(self) -> Handoff | None:
+        """Before claiming: prefer the holder's shared handoff when it is newer than the last poll."""
+        try:
+            record = await asyncio.to_thread(self.lease.peek)
+            shared = await asyncio.to_thread(
+                statefile.load, statefile.shared_handoff_path(self.settings.lease_path)
+            )
+        except (LeaseError, HandoffError, OSError) as exc:
+            log.warning("standby: shared handoff unusable, keeping the polled one: %s", exc)
+            return self.doc
+        chosen = freshest(self.doc, shared, record)
+        if chosen is not self.doc and chosen is not None:
+            log.info("standby: taking over with the holder's shared handoff (at %.3f)", chosen.at)
+        return chosen
 
     async def _refuse(self, why: str) -> bool:
         self.core.control.standby = True

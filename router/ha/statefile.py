@@ -17,6 +17,15 @@ from pathlib import Path
 from router.ha.handoff import Handoff, HandoffError, validate
 
 
+def shared_handoff_path(lease_path: str) -> Path:
+    """The lease holder's handoff beside the shared lease file (both routers see that directory).
+
+    The holder writes it before answering any lifecycle change, so a takeover never misses a drain
+    that was acknowledged after the standby's last poll.
+    """
+    return Path(lease_path + ".handoff.json")
+
+
 def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
 

@@ -178,6 +178,32 @@ def test_kill9_primary_mid_stream_standby_takes_over(tmp_path: Path) -> None:
         assert served_at_takeover > 0 and load.by_url.get(a.url, 0) > 0
 
 
+def test_drain_acknowledged_after_the_standbys_last_poll_survives_takeover(tmp_path: Path) -> None:
+    """The standby is frozen (no polls) while the primary drains e1 and dies: the hold still survives,
+    because the holder writes its handoff beside the shared lease before answering the drain."""
+    with proc_group(tmp_path) as group:
+        sims = start_sims(group, 3, itl_ms=5)
+        a = _router(group, tmp_path, sims, "a", wait_ready=True)
+        b = _standby(group, tmp_path, sims, a)
+        wait_for("standby mirror", lambda: (tmp_path / "b.state.json").exists())
+        b.proc.signal(signal.SIGSTOP)  # from here on the standby's snapshot predates the drain
+        try:
+            r = a.post("/narwhal/lifecycle/drain", {"engines": ["e1"], "deadline_s": 120})
+            assert r.status_code == 200, r.text
+            old_start = r.json()["engines"]["e1"]["old_process_start"]
+            assert old_start is not None
+            a.proc.kill9()
+        finally:
+            b.proc.signal(signal.SIGCONT)
+        assert _state_file(tmp_path, "b")["lifecycle"]["records"] == []  # the poll never saw the drain
+        wait_for("standby takes over", lambda: b.get("/ready").status_code == 200, timeout=15)
+        e1 = b.get("/narwhal/lifecycle").json()["engines"]["e1"]
+        assert e1["state"] in ("draining", "drained") and e1["accepts_new"] is False
+        assert e1["old_process_start"] == old_start
+        assert b.get("/ready").json()["epoch"] == 2
+        assert "taking over with the holder's shared handoff" in b.proc.output()
+
+
 def test_sigstop_past_the_lease_fences_the_old_primary(tmp_path: Path) -> None:
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 3, itl_ms=5)
