@@ -25,6 +25,7 @@ from router.ha import settings as ha_settings
 from router.ha.service import HAService
 from router.journal import Journal
 from router.lifecycle.wiring import install_control_auth, lifecycle_components
+from router.listeners import install_listener_split
 from router.metrics import MetricsRenderer, ServingStats
 from router.ops import Ops
 from router.probes import Prober
@@ -54,6 +55,9 @@ class RouterOptions:
     standby_probe_interval: float | None = None
     standby_takeover_after: int | None = None
     standby_max_handoff_age: float | None = None
+    # control listener (router/listeners.py; None = fleet file ``control.host`` / ``control.port``)
+    control_host: str | None = None
+    control_port: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # free-form, for experiments
 
     def validate(self) -> None:
@@ -127,4 +131,5 @@ def build_router(
     ]
     app = build_app(core, components, client_max_size=config.serving.max_request_bytes)
     install_control_auth(app, config)  # lifecycle: /narwhal/* bearer token (control.token_env)
+    install_listener_split(app, config, options)  # /narwhal/* only on the control listener, if any
     return app, core

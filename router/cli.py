@@ -19,6 +19,7 @@ from dataclasses import fields
 
 from aiohttp import web
 
+from router import listeners, observability
 from router.assemble import RouterOptions, build_router
 from router.config import ConfigError, FleetConfig, load_fleet
 from router.ha import settings as ha_settings
@@ -30,6 +31,16 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fleet", required=True, help="fleet file (JSON or YAML, narwhal.fleet v2)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--control-host", dest="control_host", default=None, help="control listener host (default --host)"
+    )
+    p.add_argument(
+        "--control-port",
+        dest="control_port",
+        type=int,
+        default=None,
+        help="serve /narwhal/* only on this second listener (overrides control.port; 0 = none)",
+    )
     p.add_argument("--journal", default=None, help="request journal path (JSONL)")
     p.add_argument("--max-concurrent", dest="max_concurrent", type=int, default=None)
     p.add_argument("--graceful-timeout", dest="graceful_timeout", type=float, default=None)
@@ -94,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 async def serve(config: FleetConfig, options: RouterOptions) -> None:
     app, core = build_router(config, options)
+    observability.install(app, core)  # OpenTelemetry only when OTEL_EXPORTER_OTLP_ENDPOINT is set
     graceful = (
         options.graceful_timeout
         if options.graceful_timeout is not None
@@ -116,10 +128,14 @@ async def serve(config: FleetConfig, options: RouterOptions) -> None:
             len(config.engines),
             core.journal.run_id,
         )
+        control = await listeners.start_control_site(runner, config, options)
+        if control is not None:
+            log.info("control listener on %s (/narwhal/*, /health, /ready, /metrics)", control.url)
         await stop.wait()
         log.info("shutting down: finishing in-flight requests (up to %.1fs)", graceful)
     finally:
         await runner.cleanup()
+        observability.shutdown()  # flush spans of the last requests (no-op when not configured)
 
 
 if __name__ == "__main__":

@@ -96,6 +96,11 @@ def setup_tracing(service_name: str) -> TracerProvider | None:
     return provider
 
 
+def tracing_installed() -> bool:
+    """True once ``setup_tracing`` installed a provider in this process."""
+    return _tracer_provider is not None
+
+
 def in_memory_tracer_provider(
     service_name: str = "narwhal-test",
 ) -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -235,6 +240,11 @@ def setup_metrics(
 
 def shutdown_telemetry() -> None:
     """Flush and stop whatever ``setup_tracing``/``setup_metrics`` installed (no-op otherwise)."""
+    global _tracer_provider, _meter_provider
     for provider in (_tracer_provider, _meter_provider):
         if provider is not None:
-            provider.shutdown()
+            try:
+                provider.shutdown()
+            except Exception:  # exporting at exit must never turn a clean stop into a crash
+                log.exception("telemetry shutdown failed")
+    _tracer_provider = _meter_provider = None

@@ -103,8 +103,9 @@ DESCRIPTIONS: dict[str, str] = {
     "recovery.health": "Accepted, unused: drift ejection is not implemented.",
     # controller
     "controller.monitor_interval_s": "Cadence of the monitor loop (liveness, recovery, handoff writes).",
-    "controller.monitor_failure_limit": "Consecutive failing monitor passes before the router is "
-    "`monitoring degraded` (`/ready` 503).",
+    "controller.monitor_failure_limit": "Consecutive monitor passes with a failing stage (identity, "
+    "liveness, readmission, handoff write) before the router is `monitoring degraded: <stage> "
+    "<Class>` (`/ready` 503, new prefill placement refused) until a clean pass.",
     "controller.min_prefill": "Fewest engines kept in the prefill role.",
     "controller.min_decode": "Fewest engines kept in the decode role.",
     "controller.*": "Other keys (role-controller settings of Narwhal 0.7.0) are accepted and unused.",
@@ -112,8 +113,12 @@ DESCRIPTIONS: dict[str, str] = {
     "control.token_env": "Name of an environment variable holding a bearer token required for "
     "`/narwhal/*` mutations (empty: no token).",
     "control.protect_reads": "Also require the token for `/narwhal/*` reads.",
-    "control.host": "Separate control listener host (empty: control API on the client listener).",
-    "control.port": "Separate control listener port (0: none).",
+    "control.host": "Control listener host (`--control-host`; empty: the client `--host`). Used only "
+    "with `control.port`.",
+    "control.port": "Control listener port (`--control-port`; 0: none, every route on the client "
+    "listener). When set, `/narwhal/*` is served only there (404 on the client listener), together "
+    "with `/health`, `/ready` and `/metrics`; completions and `/v1/*` stay on the client listener. "
+    "Must differ from the client `--port`.",
     # ha
     "ha.lease_path": "Lease file shared by the router pair (`--lease-path`); empty disables fencing.",
     "ha.router_id": "Router ID in the lease holder token (`--router-id`; default `<hostname>:<port>`).",

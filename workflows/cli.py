@@ -3,12 +3,16 @@
     narwhal-restart start --router URL [--router URL2] [--engines e0,e1] [--mode rolling|wave]
         [--max-unavailable N] [--deadline-s S] [--deadline-policy wait|fail|approve]
         [--supervisor local|command|manual] [--supervisor-url URL | --restart-command 'TEMPLATE']
-        [--engine-url IID=URL ...] [--control-token-env NAME] [--fleet NAME] [--follow] [--wait]
-    narwhal-restart status|pause|resume|list --fleet NAME
-    narwhal-restart approve|retry|abort --fleet NAME [--engine IID] [--reason TEXT]
+        [--engine-url IID=URL ...] [--control-token-env NAME] [--fleet NAME] [--restart-timeout-s S]
+        [--follow] [--wait]
+    narwhal-restart status|pause|resume --fleet NAME | --workflow-id ID
+    narwhal-restart list [--fleet NAME]
+    narwhal-restart approve|retry|abort --fleet NAME | --workflow-id ID [--engine IID] [--reason TEXT]
 
-One restart per fleet: the workflow id is ``narwhal-restart-<fleet>``; a second start is refused.
-Exit codes: 0 ok, 1 the restart ended without restarting every engine, 2 refused / invalid.
+One restart per fleet: the workflow id is ``narwhal-restart-<fleet>`` (``start`` derives it; there is
+no ``--workflow-id`` there); a second start is refused. Exit codes: 0 ok, 1 the restart ended without
+restarting every engine, 2 refused / invalid / Temporal unreachable (one line naming the address).
+With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, ``start`` is one span, parent of the workflow's trace.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import asyncio
 import getpass
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -24,13 +29,16 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
+from opentelemetry import trace
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from router import telemetry
 from workflows.client import (
     DEFAULT_TASK_QUEUE,
+    TemporalUnavailable,
     connect,
     default_address,
     default_namespace,
@@ -51,6 +59,7 @@ from workflows.preflight import PreflightError, StartRequest, preflight
 from workflows.steps import FLEET_KEY, STATE_KEY
 
 RPC_TIMEOUT = timedelta(seconds=5)
+SERVICE_NAME = "narwhal-restart"
 
 
 def _workflow_id(args: argparse.Namespace) -> str:
@@ -110,6 +119,20 @@ async def _follow(handle: WorkflowHandle[Any, Any]) -> None:
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
+    """Validate and start; with tracing configured the whole command is one span, parent of the
+    workflow's trace (StartWorkflow → RunWorkflow → activities → router → engines)."""
+    tracer = trace.get_tracer(SERVICE_NAME) if telemetry.tracing_installed() else None
+    if tracer is None:
+        return await _start(args)
+    with tracer.start_as_current_span("narwhal-restart start") as span:
+        span.set_attribute("narwhal.routers", list(args.router))
+        code = await _start(args)
+        span.set_attribute("narwhal.exit_code", code)
+        return code
+
+
+async def _start(args: argparse.Namespace) -> int:
+    client = await connect(args.address, args.namespace)  # first: Temporal down → one line, exit 2
     engine_urls = dict(kv.split("=", 1) for kv in args.engine_url)
     req = StartRequest(
         routers=args.router, engines=args.engines.split(",") if args.engines is not None else None,
@@ -117,6 +140,8 @@ async def cmd_start(args: argparse.Namespace) -> int:
         restart_command=args.restart_command, engine_urls=engine_urls, token_env=args.control_token_env,
     )  # fmt: skip
     async with httpx.AsyncClient() as http:
+        if telemetry.tracing_installed():
+            telemetry.instrument_httpx(http)
         pre = await preflight(http, req)
     plan = RestartPlan(
         fleet=pre.fleet, mode=pre.mode,
@@ -124,11 +149,11 @@ async def cmd_start(args: argparse.Namespace) -> int:
         supervisor=SupervisorRef(backend=args.supervisor, url=args.supervisor_url, command=args.restart_command),
         engines=pre.engines, engine_urls=pre.engine_urls, max_unavailable=args.max_unavailable,
         deadline_s=args.deadline_s, deadline_policy=args.deadline_policy,
-        timing=Timing(poll_interval_s=args.poll_interval), requested_by=args.requested_by,
+        timing=Timing(poll_interval_s=args.poll_interval, new_process_timeout_s=args.restart_timeout_s),
+        requested_by=args.requested_by,
     )  # fmt: skip
-    client = await connect(args.address, args.namespace)
     await ensure_search_attributes(client, args.namespace)
-    wid = fleet_workflow_id(plan.fleet)
+    wid = fleet_workflow_id(plan.fleet)  # one restart per fleet: the id is derived, never chosen
     details = (
         f"**Fleet** `{plan.fleet}` — {plan.mode} restart of {', '.join(plan.engines)}\n\n"
         f"- routers: {', '.join(args.router)}\n- supervisor: `{plan.supervisor.backend}` "
@@ -221,6 +246,16 @@ async def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value}")
+    return v
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="narwhal-restart", description=__doc__.split("\n\n")[0])
     common = argparse.ArgumentParser(add_help=False)
@@ -229,9 +264,11 @@ def parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--namespace", default=default_namespace(), help="(env TEMPORAL_NAMESPACE)")
     common.add_argument("--fleet", default="")
-    common.add_argument("--workflow-id", default="")
     common.add_argument("--requested-by", default=os.environ.get("USER") or getpass.getuser())
     common.add_argument("--ui-url", default=os.environ.get("TEMPORAL_UI_URL", "http://localhost:8233"))
+    # --workflow-id only where an existing workflow is addressed; `start` derives it from the fleet.
+    steer = argparse.ArgumentParser(add_help=False, parents=[common])
+    steer.add_argument("--workflow-id", default="", help="instead of --fleet: narwhal-restart-<fleet>")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("start", parents=[common], help="validate, then start a restart workflow")
     s.add_argument("--router", action="append", required=True, help="router URL (repeat for the HA pair)")
@@ -247,14 +284,21 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--control-token-env", default="", metavar="NAME")
     s.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE)
     s.add_argument("--poll-interval", type=float, default=1.0)
+    s.add_argument(
+        "--restart-timeout-s",
+        type=_positive,
+        default=600.0,
+        help="how long to wait for an engine to serve a newer process after its restart; past it the "
+        "engine is blocked and the restart waits for `retry` (after repair) or `abort` (default 600)",
+    )
     s.add_argument("--follow", action="store_true")
     s.add_argument("--wait", action="store_true")
-    st = sub.add_parser("status", parents=[common])
+    st = sub.add_parser("status", parents=[steer])
     st.add_argument("--json", action="store_true")
     for name in ("pause", "resume"):
-        sub.add_parser(name, parents=[common])
+        sub.add_parser(name, parents=[steer])
     for name in ("approve", "retry", "abort"):
-        u = sub.add_parser(name, parents=[common])
+        u = sub.add_parser(name, parents=[steer])
         u.add_argument("--engine", default="")
         u.add_argument("--reason", default="")
     ls = sub.add_parser("list", parents=[common])
@@ -276,14 +320,20 @@ async def run(args: argparse.Namespace) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = parser().parse_args(argv)
+    telemetry.setup_tracing(SERVICE_NAME)  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
     try:
         return asyncio.run(run(args))
     except PreflightError as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 2
+    except TemporalUnavailable as exc:
+        print(f"narwhal-restart: {exc}", file=sys.stderr)
+        return 2
     except RPCError as exc:
         print(f"temporal: {exc.message}", file=sys.stderr)
         return 2
+    finally:
+        telemetry.shutdown_telemetry()  # flush the CLI span before os._exit
 
 
 def main(argv: Sequence[str] | None = None) -> int:

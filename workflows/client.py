@@ -13,6 +13,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
+from router import telemetry
+
 DEFAULT_TASK_QUEUE = "narwhal-restart"
 SEARCH_ATTRIBUTES = {
     "NarwhalFleet": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
@@ -35,8 +37,25 @@ def default_namespace() -> str:
     return os.environ.get("TEMPORAL_NAMESPACE", "default")
 
 
+class TemporalUnavailable(Exception):
+    """The Temporal frontend could not be reached (message names the address and the fix)."""
+
+
 async def connect(address: str, namespace: str) -> Client:
-    return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+    """Connect with the pydantic converter; with tracing configured (``setup_tracing`` ran) the
+    ``TracingInterceptor`` is added, and workers built from this client inherit it."""
+    interceptors = telemetry.temporal_interceptors() if telemetry.tracing_installed() else []
+    try:
+        return await Client.connect(
+            address, namespace=namespace, data_converter=pydantic_data_converter, interceptors=interceptors
+        )
+    except RuntimeError as exc:  # the core client raises RuntimeError("Failed client connect: …")
+        text = str(exc)
+        why = "connection refused" if "refused" in text.lower() else text.splitlines()[0][:160]
+        raise TemporalUnavailable(
+            f"cannot reach Temporal at {address} ({why}); start it (e.g. `temporal server start-dev`) "
+            "or point --address / TEMPORAL_ADDRESS at the frontend"
+        ) from exc
 
 
 async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:

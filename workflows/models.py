@@ -100,7 +100,7 @@ class Timing(_Model):
     poll_interval_s: float = Field(default=1.0, gt=0)
     heartbeat_timeout_s: float = Field(default=15.0, gt=0)
     restart_timeout_s: float = Field(default=600.0, gt=0)
-    new_process_timeout_s: float = Field(default=900.0, gt=0)
+    new_process_timeout_s: float = Field(default=600.0, gt=0)  # restart timeout (--restart-timeout-s)
     confirm_timeout_s: float = Field(default=120.0, gt=0)
     router_call_timeout_s: float = Field(default=600.0, gt=0)
 

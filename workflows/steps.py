@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, RetryState
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -43,6 +43,8 @@ with workflow.unsafe.imports_passed_through():
 FLEET_KEY = SearchAttributeKey.for_keyword("NarwhalFleet")
 STATE_KEY = SearchAttributeKey.for_keyword("NarwhalState")
 MAX_CAPTURE_ATTEMPTS = 30
+# workflow.patched id: a restart-timeout expiry blocks the engine for the operator (was: failed).
+PATCH_RESTART_TIMEOUT_BLOCKS = "restart-timeout-blocks"
 ABORTABLE: frozenset[str] = frozenset({"pending", "waiting_to_stop", "awaiting_approval", "blocked"})
 
 
@@ -335,7 +337,9 @@ class RunbookSteps:
             await self.step(iids, "failed", error=f"engine left the drain: {message}")
             return False
 
-    async def restart_one(self, iid: str) -> bool:
+    async def restart_one(self, iid: str) -> bool | None:
+        """Restart through the backend, then wait for a newer process (bounded by the restart
+        timeout). True: a newer process serves; False: failed; None: none within the timeout."""
         e = self.engines[iid]
         assert e.old_process_start is not None
         target = EngineTarget(
@@ -351,27 +355,55 @@ class RunbookSteps:
                 retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=list(NON_RETRYABLE)),
                 summary=f"restart {iid} ({self.supervisor.backend})",
             )
-            e.restarted_by_us = out.restarted
+            e.restarted_by_us = e.restarted_by_us or out.restarted
             manual = self.supervisor.backend == "manual"
             await self.step([iid], "waiting_for_new_process", note=out.note if manual else "")
+        except ActivityError as exc:
+            await self.step([iid], "failed", error=f"restart failed: {cause_message(exc)}")
+            return False
+        limit = self.timing.new_process_timeout_s
+        try:
             new = await workflow.execute_activity_method(
                 SupervisorActivities.wait_new_process,
                 target,
                 start_to_close_timeout=timedelta(seconds=30),
-                schedule_to_close_timeout=timedelta(seconds=self.timing.new_process_timeout_s),
+                schedule_to_close_timeout=timedelta(seconds=limit),
                 retry_policy=self.poll_retry(),
-                summary=f"wait for {iid} to serve a new process",
+                summary=f"wait for {iid} to serve a new process (up to {limit:g}s)",
             )
         except ActivityError as exc:
+            # Poll-by-retry past schedule_to_close ends with retry state TIMEOUT (cause: the last
+            # NotReadyYet, or a TimeoutError when an attempt was cut off).
+            if exc.retry_state == RetryState.TIMEOUT and workflow.patched(PATCH_RESTART_TIMEOUT_BLOCKS):
+                e.error = f"no newer process within the restart timeout ({limit:g}s); last check: " + (
+                    cause_message(exc)
+                )
+                return None
             await self.step([iid], "failed", error=f"restart failed: {cause_message(exc)}")
             return False
         e.new_process_start = new.process_start
         return True
 
     async def restart(self, iids: list[str]) -> bool:
+        """Restart in parallel. Engines with no newer process within the restart timeout are
+        blocked until the operator retries (restart again, guarded, and wait again) or aborts."""
         await self.step(iids, "restarting")
-        results = await asyncio.gather(*(self.restart_one(i) for i in iids))
-        return all(results)
+        pending = list(iids)
+        while True:
+            results = await asyncio.gather(*(self.restart_one(i) for i in pending))
+            late = [i for i, r in zip(pending, results, strict=True) if r is None]
+            if any(r is False for r in results):
+                if late:
+                    await self.step(late, "failed")
+                return False
+            if not late:
+                return True
+            d = await self.wait_operator(late, "blocked", "retry (after repair) or abort", {"retry", "abort"})
+            if d.kind == "abort":
+                await self.step(late, "aborted", note="aborted: no newer process; engine stays held")
+                return False
+            pending = late
+            await self.step(pending, "restarting")
 
     async def readmit(self, iids: list[str], wave: bool) -> bool:
         """Readmit + confirm. A refusal leaves the engines blocked and waits for retry / abort."""

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import sys
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -22,8 +24,10 @@ from temporalio.worker import Worker
 
 from activities.router import LifecycleActivities, LifecycleClient
 from activities.supervisor import SupervisorActivities
+from router import telemetry
 from workflows.client import (
     DEFAULT_TASK_QUEUE,
+    TemporalUnavailable,
     connect,
     default_address,
     default_namespace,
@@ -32,6 +36,18 @@ from workflows.client import (
 from workflows.restart import EngineRestart, RollingRestart, WaveRestart
 
 log = logging.getLogger("narwhal.worker")
+SERVICE_NAME = "narwhal-worker"
+
+
+def log_level(value: str) -> str:
+    """argparse type for ``--log-level``: any case (``warning``, ``WARN``, ``Debug``)."""
+    name = value.strip().upper()
+    name = {"WARN": "WARNING", "FATAL": "CRITICAL"}.get(name, name)
+    if name not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise argparse.ArgumentTypeError(
+            f"unknown log level {value!r} (debug, info, warning, error, critical)"
+        )
+    return name
 
 
 def build_worker(
@@ -67,6 +83,9 @@ async def serve(address: str, namespace: str, task_queue: str, grace_s: float) -
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with httpx.AsyncClient() as http:
+        if telemetry.tracing_installed():
+            telemetry.instrument_httpx(http)  # activities' router/supervisor/engine calls carry traceparent
+        # The client's TracingInterceptor (workflows.client.connect) also intercepts this worker.
         worker = build_worker(client, task_queue, http, timedelta(seconds=grace_s))
         async with worker:
             log.info("narwhal-worker polling %s on %s/%s", task_queue, address, namespace)
@@ -76,7 +95,7 @@ async def serve(address: str, namespace: str, task_queue: str, grace_s: float) -
     print("narwhal-worker stopped", flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _main(argv: Sequence[str] | None) -> int:
     p = argparse.ArgumentParser(prog="narwhal-worker", description=__doc__.split("\n\n")[0])
     p.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE)
     p.add_argument("--address", default=default_address(), help="Temporal frontend (env TEMPORAL_ADDRESS)")
@@ -84,11 +103,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--grace", type=float, default=10.0, help="graceful shutdown seconds for running activities"
     )
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", type=log_level, default="INFO", help="debug|info|warning|error (any case)")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(args.address, args.namespace, args.task_queue, args.grace))
+    telemetry.setup_tracing(SERVICE_NAME)  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
+    try:
+        asyncio.run(serve(args.address, args.namespace, args.task_queue, args.grace))
+    except TemporalUnavailable as exc:
+        print(f"narwhal-worker: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        telemetry.shutdown_telemetry()  # flush workflow/activity spans still buffered
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry (``argv`` None): exit without interpreter finalisation, which can abort
+    (SIGABRT, ``PyGILState_Release``) while the Temporal core runtime's threads are alive — seen
+    after a failed connect. Spans are flushed before (``_main``'s ``finally``)."""
+    code = _main(argv)
+    if argv is None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -12,6 +12,14 @@ whole-wave hold is active):
 * recovery of ejected engines runs through the prober's ``recovery_validator`` (contracted fleets):
   ``individual`` → lifecycle recovery validation on the running process; ``whole_wave`` → restart hold.
   Without a prober, this monitor runs the same pass every ``recovery.readmit_every`` passes.
+
+Stages (spec §7.1): ``identity`` → ``liveness`` → ``readmission`` (only without a prober) → the
+stages other components register in ``core.extras["monitor_stages"]`` (HA: ``handoff``, the state
+file write, which also runs while a whole-wave hold skips the others). Each stage's exception is
+isolated: the pass goes on with the next stage. After ``controller.monitor_failure_limit``
+consecutive passes with a failing stage, ``core.monitoring_degraded`` is ``"<stage> <Class>"``
+(``/ready`` 503 ``monitoring degraded: …``, new prefill placement refused) until a clean pass.
+Journal events: ``monitoring_stage_failure``, ``monitoring_degraded``, ``monitoring_recovered``.
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.attestation import verify_attestation
@@ -27,6 +36,47 @@ from router.core import RouterCore
 from router.lifecycle.service import LifecycleService
 
 log = logging.getLogger("narwhal.lifecycle.monitor")
+
+Stage = Callable[[], Awaitable[object]]
+STAGES_KEY = "monitor_stages"  # core.extras: list[tuple[str, Stage]] run after the built-in stages
+
+
+@dataclass
+class MonitorHealth:
+    """Pure bookkeeping of failing passes → ``monitoring_degraded`` (spec §7.1); returns journal rows."""
+
+    limit: int
+    failing_passes: int = 0  # consecutive passes with at least one failing stage
+    degraded: str = ""  # "<stage> <Class>" once failing_passes reached the limit
+    last_failures: list[str] = field(default_factory=list)
+
+    def record(self, failures: list[tuple[str, BaseException]], at: float) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        if not failures:
+            if self.degraded:
+                rows.append(
+                    {"event": "monitoring_recovered", "at": at, "was": self.degraded,
+                     "failing_passes": self.failing_passes}
+                )  # fmt: skip
+            self.failing_passes, self.degraded, self.last_failures = 0, "", []
+            return rows
+        self.failing_passes += 1
+        self.last_failures = [f"{stage} {type(exc).__name__}" for stage, exc in failures]
+        if self.failing_passes <= self.limit:  # after that: one monitoring_degraded row, no flood
+            for stage, exc in failures:
+                rows.append(
+                    {"event": "monitoring_stage_failure", "at": at, "stage": stage,
+                     "error": f"{type(exc).__name__}: {exc}", "consecutive": self.failing_passes}
+                )  # fmt: skip
+        if self.failing_passes >= self.limit:
+            reason = self.last_failures[0]
+            if reason != self.degraded:
+                self.degraded = reason
+                rows.append(
+                    {"event": "monitoring_degraded", "at": at, "reason": reason,
+                     "failing_passes": self.failing_passes, "limit": self.limit}
+                )  # fmt: skip
+        return rows
 
 
 class LifecycleMonitor:
@@ -48,8 +98,10 @@ class LifecycleMonitor:
         self.interval_s = cfg.controller.monitor_interval_s
         self.misses: dict[str, int] = {}
         self.passes = 0
+        self.health = MonitorHealth(cfg.controller.monitor_failure_limit)
         self._task: asyncio.Task[None] | None = None
         core.extras["identity_check"] = self.check_identities
+        core.extras.setdefault(STAGES_KEY, [])
         if self.contracted:
             core.identities_ready = False  # /ready waits for the startup identity check
 
@@ -84,18 +136,48 @@ class LifecycleMonitor:
             await asyncio.sleep(self.interval_s)
 
     async def pass_once(self) -> None:
+        """One monitor pass; every stage is isolated, the pass outcome feeds ``MonitorHealth``."""
         core = self.core
-        if not core.controls_fleet() or core.scheduler.fleet_hold:
+        if not core.controls_fleet():
             return
-        if not core.identities_ready or not self.machine.process_starts:
-            await self.check_identities()
-        self.passes += 1
-        rec = core.config.recovery
-        if rec.liveness_every > 0 and self.passes % rec.liveness_every == 0:
-            await self.liveness_sweep()
-        if self.prober is None and self.passes % rec.readmit_every == 0:
-            for iid in sorted(core.scheduler.ejected):
-                await self.recover(iid)
+        failures: list[tuple[str, BaseException]] = []
+        full = not core.scheduler.fleet_hold  # a whole-wave hold runs only the registered stages
+        if full:
+            if not core.identities_ready or not self.machine.process_starts:
+                await self._stage("identity", self.check_identities, failures)
+            self.passes += 1
+            rec = core.config.recovery
+            if rec.liveness_every > 0 and self.passes % rec.liveness_every == 0:
+                await self._stage("liveness", self.liveness_sweep, failures)
+            if self.prober is None and self.passes % rec.readmit_every == 0:
+                await self._stage("readmission", self.recover_ejected, failures)
+        for name, stage in list(core.extras.get(STAGES_KEY) or ()):
+            if core.controls_fleet():
+                await self._stage(name, stage, failures)
+        if not core.controls_fleet() or not (failures or full):
+            return  # lost control mid-pass, or a partial pass: only a full pass is a clean one
+        for row in self.health.record(failures, core.clock.wall()):
+            core.journal.append(row)
+        if self.health.degraded != core.monitoring_degraded:
+            if self.health.degraded:
+                log.error("monitoring degraded: %s", self.health.degraded)
+            else:
+                log.info("monitoring recovered (was %s)", core.monitoring_degraded)
+            core.monitoring_degraded = self.health.degraded
+
+    @staticmethod
+    async def _stage(name: str, stage: Stage, failures: list[tuple[str, BaseException]]) -> None:
+        try:
+            await stage()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("monitor stage %s failed: %s: %s", name, type(exc).__name__, exc)
+            failures.append((name, exc))
+
+    async def recover_ejected(self) -> None:
+        for iid in sorted(self.core.scheduler.ejected):
+            await self.recover(iid)
 
     # -- identities (spec §7.2) -------------------------------------------------------------
     async def check_identities(self, engines: list[str] | None = None) -> None:

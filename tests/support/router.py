@@ -19,12 +19,19 @@ class RouterHandle:
     port: int
     proc: Proc
     journal: Path
+    control_url: str = ""  # the control listener (control.port / --control-port); default: url
 
-    def get(self, path: str, timeout: float = 5.0) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=timeout)
+    def __post_init__(self) -> None:
+        self.control_url = self.control_url or self.url
 
-    def post(self, path: str, body: Any = None, timeout: float = 30.0, **kw: Any) -> httpx.Response:
-        return httpx.post(self.url + path, json=body, timeout=timeout, **kw)
+    def get(self, path: str, timeout: float = 5.0, control: bool = False) -> httpx.Response:
+        return httpx.get((self.control_url if control else self.url) + path, timeout=timeout)
+
+    def post(
+        self, path: str, body: Any = None, timeout: float = 30.0, control: bool = False, **kw: Any
+    ) -> httpx.Response:
+        base = self.control_url if control else self.url
+        return httpx.post(base + path, json=body, timeout=timeout, **kw)
 
     def metrics(self) -> dict[str, float]:
         """``/metrics`` as {"name{labels}": value} (comments dropped)."""
@@ -51,8 +58,13 @@ def start_router(
     port: int | None = None,
     wait_ready: bool = False,
     timeout: float = 30.0,
+    control_port: int | None = None,
 ) -> RouterHandle:
-    """Start a router on a free loopback port, journal in ``tmp_path``; waits for ``/health`` (or /ready)."""
+    """Start a router on a free loopback port, journal in ``tmp_path``; waits for ``/health`` (or /ready).
+
+    ``control_port`` passes ``--control-port``; without it a ``control.port`` in the fleet file is
+    used. ``RouterHandle.control_url`` is the control listener (or ``url`` when there is none).
+    """
     port = port or free_port()
     journal = tmp_path / f"{name}.journal.jsonl"
     args = [
@@ -67,7 +79,22 @@ def start_router(
         str(journal),
         *extra_args,
     ]
+    if control_port is not None:
+        args += ["--control-port", str(control_port)]
+    else:
+        control_port = _fleet_control_port(fleet_path)
     proc = group.start(name, args, env=env)
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + ("/ready" if wait_ready else "/health"), timeout=timeout, proc=proc)
-    return RouterHandle(url, port, proc, journal)
+    control_url = f"http://127.0.0.1:{control_port}" if control_port else url
+    wait_http(control_url + ("/ready" if wait_ready else "/health"), timeout=timeout, proc=proc)
+    return RouterHandle(url, port, proc, journal, control_url)
+
+
+def _fleet_control_port(fleet_path: Path) -> int:
+    try:
+        doc = json.loads(fleet_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0  # YAML or unreadable: the router reports it
+    control = doc.get("control") if isinstance(doc, dict) else None
+    port = control.get("port", 0) if isinstance(control, dict) else 0
+    return port if isinstance(port, int) else 0

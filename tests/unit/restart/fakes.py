@@ -48,6 +48,7 @@ class FakeFleet:
     stuck: set[str] = field(default_factory=set)  # never ready_to_stop on its own
     fail_readmit: set[str] = field(default_factory=set)
     capture_fail_once: set[str] = field(default_factory=set)
+    never_back: set[str] = field(default_factory=set)  # restarted, but no newer process ever serves
     readmit_gate: asyncio.Event | None = None
     readmit_entered: asyncio.Event = field(default_factory=asyncio.Event)
     wave_id: str = ""
@@ -124,6 +125,8 @@ class FakeFleet:
         async def restart_engine(t: EngineTarget) -> RestartOutcome:
             self.calls.append(f"restart {t.iid}")
             e = self.engines[t.iid]
+            if t.iid in self.never_back:  # e.g. the new process cannot bind its port
+                return RestartOutcome(iid=t.iid, restarted=True)
             if e.start == t.old_process_start:
                 e.start += 100.0
                 e.restarts += 1

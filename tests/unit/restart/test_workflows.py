@@ -221,3 +221,42 @@ async def test_wave_readmit_refusal_then_abort(ts_env: WorkflowEnvironment) -> N
         res = await done(h)
     assert res.state == "aborted" and not res.ok
     assert {e.state for e in fleet.engines.values()} == {"blocked"}
+
+
+def short_restart_timeout(**kw: Any) -> RestartPlan:
+    p = plan(**kw)
+    return p.model_copy(update={"timing": p.timing.model_copy(update={"new_process_timeout_s": 2.0})})
+
+
+async def test_restart_timeout_blocks_engine_then_retry_completes(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill", "decode", "decode"])
+    fleet.never_back.add("e0")
+    async with running(ts_env, fleet) as tq:
+        h = await start(ts_env, tq, short_restart_timeout())
+        p = await until(h, lambda p: p.engines["e0"].step == "blocked")
+        e0 = p.engines["e0"]
+        assert p.state == "waiting_operator", p.message
+        assert "no newer process within the restart timeout (2s)" in e0.error, e0.error
+        assert "retry" in e0.waiting_for and e0.outcome == "running"
+        assert order(fleet, "readmit") == [] and order(fleet, "drain") == ["e0"]
+        fleet.never_back.clear()  # the operator freed the port
+        await h.execute_update("retry", OperatorRequest(by="bob"), result_type=OperatorAnswer)
+        res = await done(h)
+    assert res.ok, (res.message, fleet.calls)
+    assert order(fleet, "restart").count("e0") == 2  # restarted again (guarded), then a newer process
+    assert res.engines["e0"].outcome == "restarted" and fleet.engines["e0"].restarts == 1
+
+
+async def test_wave_restart_timeout_then_abort_leaves_engines_held(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["prefill", "decode", "decode"])
+    fleet.never_back.add("e1")
+    async with running(ts_env, fleet) as tq:
+        h = await start(ts_env, tq, short_restart_timeout(mode="wave"))
+        p = await until(h, lambda p: p.state == "waiting_operator")
+        assert p.engines["e1"].step == "blocked" and "restart timeout" in p.engines["e1"].error
+        assert p.engines["e0"].step == "waiting_for_new_process" and p.engines["e0"].error == ""
+        await h.execute_update("abort", OperatorRequest(reason="port taken"), result_type=OperatorAnswer)
+        res = await done(h)
+    assert res.state == "aborted" and not res.ok
+    assert res.engines["e1"].outcome == "aborted"
+    assert not any(c.startswith("readmit") for c in fleet.calls)  # nobody is readmitted: engines stay held
