@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,14 @@ def freshest(polled: Handoff | None, shared: Handoff | None, lease: LeaseRecord 
     ):
         return shared
     return polled
+
+
+def control_headers(core: RouterCore) -> dict[str, str]:
+    """The pair shares one fleet file: poll the primary with the fleet's control token, if any
+    (with ``control.protect_reads`` the primary's /narwhal/handoff requires it)."""
+    env = core.config.control.token_env
+    token = os.environ.get(env, "") if env else ""
+    return {"authorization": f"Bearer {token}"} if token else {}
 
 
 def newer_or_same(kept: Handoff | None, doc: Handoff) -> bool:
@@ -140,7 +149,7 @@ class StandbyLoop:
             log.warning("standby: ignoring own state file: %s", exc)
         timeout = max(0.05, 0.8 * self.settings.standby_probe_interval_s)
         own_client = self.client is None
-        client = self.client or httpx.AsyncClient(timeout=timeout)
+        client = self.client or httpx.AsyncClient(timeout=timeout, headers=control_headers(self.core))
         try:
             while True:
                 result = await self.probe(client)

@@ -204,6 +204,34 @@ def test_drain_acknowledged_after_the_standbys_last_poll_survives_takeover(tmp_p
         assert "taking over with the holder's shared handoff" in b.proc.output()
 
 
+def test_standby_polls_with_the_control_token_when_reads_are_protected(tmp_path: Path) -> None:
+    env = {"NARWHAL_HA_TEST_TOKEN": "s3cret"}
+    extra = {**FAST, "control": {"token_env": "NARWHAL_HA_TEST_TOKEN", "protect_reads": True}}
+    with proc_group(tmp_path) as group:
+        sims = start_sims(group, 2, itl_ms=5)
+        routers = []
+        for name, args in (("a", []), ("b", ["--standby-of", "", *STANDBY])):
+            fleet = write_fleet(
+                tmp_path,
+                sims,
+                name=f"{name}.fleet.json",
+                state_path=str(tmp_path / f"{name}.state.json"),
+                extra=extra,
+            )
+            lease = ["--lease-path", str(tmp_path / "router.lease"), "--router-id", f"router-{name}", *LEASE]
+            if args:
+                args[1] = routers[0].url
+            routers.append(
+                start_router(group, fleet, tmp_path, [*lease, *args], name=name, env=env, wait_ready=not args)
+            )
+        a, b = routers
+        assert httpx.get(a.url + "/narwhal/handoff", timeout=5).status_code == 401
+        wait_for("standby mirror", lambda: (tmp_path / "b.state.json").exists())  # its polls are authorised
+        a.proc.kill9()
+        wait_for("standby takes over", lambda: b.get("/ready").status_code == 200, timeout=15)
+        assert b.get("/ready").json()["epoch"] == 2
+
+
 def test_sigstop_past_the_lease_fences_the_old_primary(tmp_path: Path) -> None:
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 3, itl_ms=5)
