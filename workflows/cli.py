@@ -40,6 +40,7 @@ from workflows.client import (
     DEFAULT_TASK_QUEUE,
     TemporalUnavailable,
     connect,
+    console_exit,
     default_address,
     default_namespace,
     ensure_search_attributes,
@@ -337,13 +338,10 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry (``argv`` None): exit without interpreter finalisation, which can abort
-    (SIGABRT, ``PyGILState_Release``) while the Temporal core runtime's threads are alive."""
+    """Console entry (``argv`` None) ends with ``console_exit`` (see there); tests pass ``argv``."""
     code = _main(argv)
     if argv is None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        console_exit(code)
     return code
 
 

@@ -6,6 +6,8 @@ Not a workflow module (never loaded into the sandbox).
 from __future__ import annotations
 
 import os
+import sys
+from typing import NoReturn
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
@@ -78,3 +80,12 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
         if "already" not in str(exc).lower():
             raise
     return sorted(missing)
+
+
+def console_exit(code: int) -> NoReturn:
+    """Exit a console command without interpreter finalisation, which can abort (SIGABRT,
+    ``PyGILState_Release``) while the Temporal core runtime's threads are alive. Callers flush their
+    spans first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
