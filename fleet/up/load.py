@@ -4,7 +4,10 @@ Like a load balancer that health-checks ``GET /ready``, the load follows whichev
 200 (``RouterPicker``). A request that a router refuses *before answering* (connection refused, or a
 503 while that router is not ready) is re-sent once to the router that is ready now — what a load
 balancer does — and counted under ``retried``; everything else that is not a complete answer is a
-failure with a reason. Requests alternate between streamed (SSE, must end with ``data: [DONE]``)
+failure with a reason — except a request that was in flight on a router when ``narwhal-up
+--failover`` SIGKILLed it (sent to it before its death was confirmed, see ``router_killed``): that
+one is counted under ``cut``, not ``failed``.
+Requests alternate between streamed (SSE, must end with ``data: [DONE]``)
 and buffered (JSON with choices).
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -33,11 +37,13 @@ class LoadStats:
     buffered: int = 0
     failures: Counter[str] = field(default_factory=Counter)
     by_router: Counter[str] = field(default_factory=Counter)
+    cut: int = 0  # in flight on a router that narwhal-up killed on purpose (--failover); not in failed
+    cut_reasons: Counter[str] = field(default_factory=Counter)
 
     def copy(self) -> LoadStats:
         return LoadStats(
             self.served, self.failed, self.retried, self.streamed, self.buffered,
-            Counter(self.failures), Counter(self.by_router),
+            Counter(self.failures), Counter(self.by_router), self.cut, Counter(self.cut_reasons),
         )  # fmt: skip
 
     def minus(self, earlier: LoadStats) -> LoadStats:
@@ -46,10 +52,12 @@ class LoadStats:
         failures.subtract(earlier.failures)
         by_router = Counter(self.by_router)
         by_router.subtract(earlier.by_router)
+        cut_reasons = Counter(self.cut_reasons)
+        cut_reasons.subtract(earlier.cut_reasons)
         return LoadStats(
             self.served - earlier.served, self.failed - earlier.failed, self.retried - earlier.retried,
             self.streamed - earlier.streamed, self.buffered - earlier.buffered,
-            +failures, +by_router,
+            +failures, +by_router, self.cut - earlier.cut, +cut_reasons,
         )  # fmt: skip
 
     @property
@@ -147,6 +155,20 @@ class LoadGenerator:
         self._tasks: list[asyncio.Task[None]] = []
         self.picker: RouterPicker | None = None
         self.last_failure = ""
+        # router url -> when narwhal-up saw it dead after SIGKILLing it on purpose (--failover)
+        self.killed: dict[str, float] = {}
+
+    def router_killed(self, url: str, dead_at: float | None = None) -> None:
+        """``url`` is being killed on purpose: failed requests sent to it before ``dead_at`` are ``cut``.
+
+        Call it without ``dead_at`` just before the SIGKILL (until then every request sent to it is
+        in flight on a dying router), then with the time its death was confirmed.
+        """
+        self.killed[url.rstrip("/")] = math.inf if dead_at is None else dead_at
+
+    def _cut_by_kill(self, router: str, sent_at: float) -> bool:
+        dead_at = self.killed.get(router)
+        return dead_at is not None and sent_at <= dead_at
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
@@ -170,7 +192,7 @@ class LoadGenerator:
         while True:
             self.seq += 1
             stream = self.seq % 2 == 0
-            ok, reason, retried, router = await self.one(self.seq, stream)
+            ok, reason, retried, router, sent_at = await self.one(self.seq, stream)
             self.stats.retried += retried
             if ok:
                 self.stats.served += 1
@@ -179,30 +201,38 @@ class LoadGenerator:
                     self.stats.streamed += 1
                 else:
                     self.stats.buffered += 1
+            elif self._cut_by_kill(router, sent_at):
+                self.stats.cut += 1
+                self.stats.cut_reasons[reason] += 1
             else:
                 self.stats.failed += 1
                 self.stats.failures[reason] += 1
                 self.last_failure = reason
             await asyncio.sleep(self.think_s)
 
-    async def one(self, seq: int, stream: bool) -> tuple[bool, str, int, str]:
-        """One request (plus at most one re-send): (ok, failure reason, re-sends, router used)."""
+    async def one(self, seq: int, stream: bool) -> tuple[bool, str, int, str, float]:
+        """One request (plus at most one re-send).
+
+        Returns (ok, failure reason, re-sends, router used, when the last attempt was sent).
+        """
         assert self.picker is not None
         retried = 0
         router = ""
+        sent_at = time.time()
         for attempt in range(2):
             router = await self.picker.wait_ready(self.no_router_timeout_s) or ""
+            sent_at = time.time()
             if not router:
-                return False, f"no router ready for {self.no_router_timeout_s:.0f}s", retried, router
+                return False, f"no router ready for {self.no_router_timeout_s:.0f}s", retried, router, sent_at
             try:
                 ok, reason = await self._send(router, seq, stream)
-                return ok, reason, retried, router
+                return ok, reason, retried, router, sent_at
             except _Retry as exc:
                 if attempt == 1:
-                    return False, str(exc), retried, router
+                    return False, str(exc), retried, router, sent_at
                 retried += 1
                 await self.picker.poll_once()
-        return False, "unreachable", retried, router  # pragma: no cover - loop always returns
+        return False, "unreachable", retried, router, sent_at  # pragma: no cover - loop always returns
 
     async def _send(self, router: str, seq: int, stream: bool) -> tuple[bool, str]:
         assert self._session is not None

@@ -4,9 +4,13 @@ Starts (each a child process in its own process group, logs in ``<state-dir>/log
 dev server (persistent, UI), the local supervisor with N simulated engines (half prefill, half
 decode), a primary and a warm-standby router on one lease file, and the restart worker. Then it
 sends completions (streamed and buffered) to whichever router is ready, runs a rolling (or wave)
-restart through ``narwhal-restart start``, follows it, and prints a summary.
+restart through ``narwhal-restart start``, follows it, and prints a summary. With ``--failover`` it
+also SIGKILLs the primary router (by PID) once the restart's second engine has begun, so the standby
+takes the lease over (epoch +1) while the workflow and the load follow the new holder; afterwards
+the old primary is started again as a standby of the new holder.
 
-Exit codes: 0 every engine restarted and no client request failed; 1 otherwise; 2 bad flags, busy
+Exit codes: 0 every engine restarted and no client request failed (with ``--failover``, requests
+cut by the injected router kill are reported but not counted as failures); 1 otherwise; 2 bad flags, busy
 ports or a state directory in use; 3 a component failed to start; 130/143 interrupted before the
 summary. SIGINT/SIGTERM stop everything narwhal-up started, by PID.
 """
@@ -25,7 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 from urllib.parse import urlparse
 
 import httpx
@@ -34,8 +38,8 @@ from fleet.up.load import LoadGenerator, LoadStats
 from fleet.up.ports import OFFSETS, plan_ports, port_problems
 from fleet.up.procs import ChildExited
 from fleet.up.stack import MODEL, Stack, StartupError, Timings, roles, rolling_problem
-from fleet.up.summary import EngineChange, Summary, Takeover
-from fleet.up.watch import RPC_TIMEOUT, HAWatcher, progress_lines
+from fleet.up.summary import EngineChange, Failover, Summary, Takeover
+from fleet.up.watch import RPC_TIMEOUT, HAWatcher, failover_trigger, progress_lines
 
 STOP_ORDER = ("restart-cli", "worker", "router-standby", "router-primary", "supervisor", "temporal")
 
@@ -54,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fast", action="store_true", help="tiny engine latencies and short HA/poll timings")
     p.add_argument("--load-concurrency", type=int, default=4, help="concurrent client requests")
     p.add_argument("--fleet-name", default="narwhal-up", help="fleet name (workflow narwhal-restart-<name>)")
+    p.add_argument(
+        "--failover",
+        action="store_true",
+        help="during the restart (once the second engine's step has begun) SIGKILL the primary router "
+        "so the standby takes over; requests in flight on it that the kill cuts are reported as "
+        "'cut by the injected router kill' and are NOT counted as failures for the exit code",
+    )
     p.add_argument("--restart-timeout", type=float, default=600.0, help="seconds to wait for the restart")
     p.add_argument("--traces-url", default=os.environ.get("NARWHAL_TRACES_URL", ""), help="trace UI link")
     g = p.add_argument_group("ports (default: well-known ports, or --base-port + offset)")
@@ -121,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     why = rolling_problem(roles(args.engines, args.prefill)) if args.restart == "rolling" else ""
     if why:
         print(f"narwhal-up: {why}", file=sys.stderr)
+        return 2
+    if args.failover and args.restart == "none":
+        print("narwhal-up: --failover kills the primary during the restart; it needs --restart "
+              "rolling or wave", file=sys.stderr)  # fmt: skip
         return 2
     if args.load_concurrency < 0:
         print("narwhal-up: --load-concurrency must be >= 0", file=sys.stderr)
@@ -231,8 +246,12 @@ async def up(stack: Stack, args: argparse.Namespace) -> int:
     _print_ready(stack, args, time.monotonic() - t0)
 
     summary = Summary(mode=args.restart, traces=_traces(args))
+    if args.failover:
+        summary.failover = Failover(router="primary", standby="standby")
     if args.restart != "none":
         await run_restart(stack, args, summary)
+    if summary.failover is not None:
+        await _after_failover(stack, summary, summary.failover)
     summary.total = stack.load.stats.copy() if stack.load is not None else LoadStats()
     summary.takeovers = list(watcher.takeovers)
     stack.procs.check_alive()
@@ -286,6 +305,11 @@ def _print_ready(stack: Stack, args: argparse.Namespace, took: float) -> None:
         f"  standby     {stack.standby_url}   warm standby of the primary",
         "  worker      task queue narwhal-restart",
         f"  load        {args.load_concurrency} concurrent clients, streamed + buffered completions",
+        *(
+            ["  failover    the primary router gets SIGKILLed once the restart's second engine began"]
+            if args.failover
+            else []
+        ),
         f"  pids        {stack.procs.pids_path}",
         "  logs        " + "\n              ".join(str(c.log_path) for c in stack.procs.children.values()),
     ]
@@ -334,6 +358,8 @@ async def run_restart(stack: Stack, args: argparse.Namespace, summary: Summary) 
     say(f"workflow in the Temporal UI: {stack.workflow_url(wid)}")
 
     shown: dict[str, str] = {}
+    fo = summary.failover
+    ready_task: asyncio.Task[None] | None = None
     last_load = 0.0
     deadline = time.monotonic() + args.restart_timeout
     while True:
@@ -342,6 +368,10 @@ async def run_restart(stack: Stack, args: argparse.Namespace, summary: Summary) 
             p = await handle.query("progress", result_type=RestartProgress, rpc_timeout=RPC_TIMEOUT)
             for line in progress_lines(p, shown):
                 print(f"  [restart] {line}", flush=True)
+            trigger = failover_trigger(p) if fo is not None and not fo.injected else ""
+            if fo is not None and trigger:
+                await kill_primary(stack, fo, trigger)
+                ready_task = asyncio.create_task(_standby_ready(stack, fo), name="narwhal-up-failover")
         except RPCError:
             pass
         if stack.load is not None and time.monotonic() - last_load > 5.0:
@@ -358,6 +388,8 @@ async def run_restart(stack: Stack, args: argparse.Namespace, summary: Summary) 
             break
         await asyncio.sleep(0.5)
     summary.restart_seconds = time.monotonic() - started
+    if ready_task is not None:
+        await ready_task
     if stack.load is not None:
         summary.during = stack.load.stats.minus(load_before)
     after = await stack.record_engine_pids()
@@ -387,3 +419,68 @@ async def run_restart(stack: Stack, args: argparse.Namespace, summary: Summary) 
                 e.error if e else "",
             )
         )
+
+
+async def kill_primary(stack: Stack, fo: Failover, trigger: str) -> None:
+    """The injected failure of ``--failover``: SIGKILL the primary router by its PID."""
+    child = stack.procs.children["router-primary"]
+    fo.pid, fo.trigger = child.pid, trigger
+    fo.epoch_before = stack.watcher.epoch if stack.watcher is not None else None
+    say(f"--failover: {trigger}; SIGKILL router-primary (pid {child.pid})")
+    if stack.load is not None:  # before the kill: its in-flight requests fail while we wait for it
+        stack.load.router_killed(stack.primary_url)
+    fo.killed_at = time.time()
+    await stack.procs.kill("router-primary", at=fo.killed_at)
+    fo.dead_at = time.time()
+    stack.procs.note_pids("killed", {"router-primary": child.pid})  # stays in pids.json after a rejoin
+    if stack.load is not None:  # requests sent to it from now on meet a dead port: not "cut"
+        stack.load.router_killed(stack.primary_url, fo.dead_at)
+
+
+async def _standby_ready(stack: Stack, fo: Failover, within_s: float = 60.0) -> None:
+    """Record when the standby first answers ``/ready`` 200 after the kill, and its lease epoch."""
+    deadline = time.monotonic() + within_s
+    async with httpx.AsyncClient() as http:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                r = await http.get(stack.standby_url + "/ready", timeout=1.0)
+                if r.status_code == 200:
+                    fo.standby_ready_at = time.time()
+                    doc: Any = None
+                    with contextlib.suppress(ValueError):
+                        doc = r.json()
+                    epoch = doc.get("epoch") if isinstance(doc, dict) else None
+                    fo.epoch_after = int(epoch) if epoch else None
+                    took = fo.took_s or 0.0
+                    say(f"--failover: standby /ready 200 after {took:.2f}s (epoch {fo.epoch_after})")
+                    return
+            await asyncio.sleep(0.05)
+
+
+async def _after_failover(stack: Stack, summary: Summary, fo: Failover) -> None:
+    """Check the injected failover happened and took; start the old primary as a standby again."""
+    if not fo.injected:
+        summary.problems.append("--failover: the primary router was never killed (no second engine began)")
+        return
+    if fo.standby_ready_at is None:
+        summary.problems.append("--failover: the standby never answered /ready 200 after the kill")
+        return
+    w = stack.watcher
+    if fo.epoch_after is None and w is not None:
+        fo.epoch_after = w.epoch
+    if w is not None and not any(t.router == fo.standby for t in w.takeovers):
+        with contextlib.suppress(Exception):  # one more look before calling it missing
+            async with httpx.AsyncClient() as http:
+                await w.poll_once(http)
+        if not any(t.router == fo.standby for t in w.takeovers):
+            summary.problems.append("--failover: no takeover by the standby was observed")
+            return
+    say(f"--failover: restarting the old primary as a standby of {stack.standby_url} ...")
+    try:
+        child = await stack.start_rejoined_primary()
+        fo.rejoined = (
+            f"old primary restarted as a standby of the new holder {stack.standby_url} (pid {child.pid})"
+        )
+    except StartupError as exc:  # nice to have: say so, but the demo's verdict does not depend on it
+        fo.rejoined = f"could not restart the old primary as a standby: {str(exc).splitlines()[0]}"
+    say(fo.rejoined)

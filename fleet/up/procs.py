@@ -3,7 +3,9 @@
 ``stop`` sends SIGTERM to the child's PID, waits its grace period, then SIGKILLs the child's own
 process group (its PGID is its PID: every child is started with ``start_new_session``). Nothing is
 ever looked up or signalled by name. ``write_pids`` keeps ``<state-dir>/pids.json`` current so an
-operator (or a test) can see exactly which processes belong to the stack.
+operator (or a test) can see exactly which processes belong to the stack. ``kill`` (the injected
+failure of ``narwhal-up --failover``) SIGKILLs one child by its PID and marks it as killed on
+purpose, so ``check_alive`` does not treat its death as a crash.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Child:
             start_new_session=True,  # own session + process group: no terminal Ctrl-C, killpg-able
         )
         self.started_at = time.time()
+        self.killed_at: float | None = None  # SIGKILLed on purpose by narwhal-up (--failover)
 
     @property
     def pid(self) -> int:
@@ -72,7 +75,7 @@ class Child:
             return ""
 
     def check_alive(self) -> None:
-        if not self.alive():
+        if not self.alive() and self.killed_at is None:
             raise ChildExited(
                 f"{self.name} (pid {self.pid}) exited with code {self.returncode}; log {self.log_path}:\n"
                 + self.tail()
@@ -151,6 +154,20 @@ class ProcessManager:
             child = self.children.get(name)
             if child is not None:
                 child.check_alive()
+
+    async def kill(self, name: str, at: float | None = None) -> Child:
+        """SIGKILL ``name`` by its PID (an injected failure: not reported by ``check_alive``).
+
+        ``at`` (default: now) is recorded as ``killed_at``; waits until the child is gone.
+        """
+        child = self.children[name]
+        child.killed_at = time.time() if at is None else at
+        os.kill(child.pid, signal.SIGKILL)
+        for _ in range(1000):  # up to 5 s, polled finely: callers time the death
+            if not child.alive():
+                break
+            await asyncio.sleep(0.005)
+        return child
 
     async def stop(self, name: str) -> int | None:
         child = self.children.get(name)

@@ -275,6 +275,13 @@ class Stack:
         await self._wait_http(standby, self.standby_url + "/ready", within_s=60.0, ok=(200, 503))
         return primary, standby
 
+    async def start_rejoined_primary(self) -> Child:
+        """After ``--failover``: the killed primary comes back as a warm standby of the new holder."""
+        args = [*self._router_args("primary", self.ports.router), "--standby-of", self.standby_url]
+        child = self.procs.start("router-primary", args)
+        await self._wait_http(child, self.primary_url + "/ready", within_s=30.0, ok=(200, 503))
+        return child
+
     async def start_worker(self) -> Child:
         args = [
             venv_script("narwhal-worker"), "--address", self.temporal_address, "--namespace", NAMESPACE,

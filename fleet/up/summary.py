@@ -1,7 +1,9 @@
 """The end-of-run summary of ``narwhal-up``: engines restarted, client requests, takeovers, links.
 
 Pure data + formatting (no I/O), so it is unit-tested directly. ``ok`` is the exit-code verdict:
-every engine restarted (when a restart ran) and zero failed client requests.
+every engine restarted (when a restart ran) and zero failed client requests. With ``--failover``,
+requests that were in flight on the primary when narwhal-up SIGKILLed it are reported on their own
+line ("cut by the injected router kill") and are not failures for the verdict.
 """
 
 from __future__ import annotations
@@ -44,6 +46,33 @@ class Takeover:
 
 
 @dataclass
+class Failover:
+    """The injected failure of ``--failover``: the primary router SIGKILLed during the restart."""
+
+    requested: bool = True
+    router: str = ""  # the killed router (its name in narwhal-up)
+    pid: int | None = None
+    killed_at: float | None = None  # SIGKILL sent
+    dead_at: float | None = None  # its death confirmed (requests sent to it until then: "cut")
+    trigger: str = ""  # why then, e.g. "e1 began draining"
+    standby: str = ""
+    standby_ready_at: float | None = None  # first /ready 200 of the standby after the kill
+    epoch_before: int | None = None
+    epoch_after: int | None = None
+    rejoined: str = ""  # the killed router restarted as a standby of the new holder
+
+    @property
+    def injected(self) -> bool:
+        return self.killed_at is not None
+
+    @property
+    def took_s(self) -> float | None:
+        if self.killed_at is None or self.standby_ready_at is None:
+            return None
+        return self.standby_ready_at - self.killed_at
+
+
+@dataclass
 class Summary:
     mode: str  # rolling | wave | none
     workflow_id: str = ""
@@ -57,6 +86,7 @@ class Summary:
     restart_seconds: float | None = None
     traces: str = ""
     problems: list[str] = field(default_factory=list)
+    failover: Failover | None = None
 
     @property
     def all_restarted(self) -> bool:
@@ -65,6 +95,7 @@ class Summary:
     @property
     def ok(self) -> bool:
         restarted = self.mode == "none" or self.all_restarted
+        # total.failed never includes requests cut by the injected router kill (total.cut)
         return restarted and self.total.failed == 0 and not self.problems
 
     def render(self) -> str:
@@ -102,6 +133,7 @@ class Summary:
                 )
         else:
             lines.append("takeovers: none (the primary kept the lease)")
+        lines += self._failover_lines()
         if self.workflow_url:
             lines.append(f"workflow: {self.workflow_url}")
         if self.traces:
@@ -111,12 +143,42 @@ class Summary:
         lines.append(f"result:   {'OK' if self.ok else 'FAILED'} — {self.verdict()}")
         return "\n".join(line for line in lines if line != "") + "\n"
 
+    def _failover_lines(self) -> list[str]:
+        f = self.failover
+        if f is None:
+            return []
+        if not f.injected:
+            return ["failover (--failover): the primary router was not killed"]
+        gone = ""
+        if f.killed_at is not None and f.dead_at is not None:
+            gone = f", gone {1000 * (f.dead_at - f.killed_at):.0f}ms later"
+        lines = [f"failover (--failover): {f.router} router (pid {_v(f.pid)}) SIGKILLed at {_ts(f.killed_at)}"
+                 + (f" when {f.trigger}" if f.trigger else "") + gone]  # fmt: skip
+        if f.took_s is not None:
+            lines.append(
+                f"  {f.standby} /ready 200 at {_ts(f.standby_ready_at)} (+{f.took_s:.2f}s), "
+                f"lease epoch {_v(f.epoch_before)} → {_v(f.epoch_after)}"
+            )
+        else:
+            lines.append(f"  {f.standby} never answered /ready 200 after the kill")
+        if f.rejoined:
+            lines.append(f"  {f.rejoined}")
+        lines.append(
+            f"cut by the injected router kill: {self.total.cut} requests in flight on the killed "
+            "router (client-visible, but not counted as failures with --failover)"
+        )
+        for reason, n in self.total.cut_reasons.most_common():
+            lines.append(f"    cut    {n:>5} × {reason}")
+        return lines
+
     def verdict(self) -> str:
         parts = []
         if self.mode != "none":
             done = sum(e.restarted for e in self.engines)
             parts.append(f"{done}/{len(self.engines)} engines restarted")
         parts.append(f"{self.total.failed} failed requests")
+        if self.failover is not None:
+            parts.append(f"{self.total.cut} cut by the injected router kill (not failures)")
         if self.problems:
             parts.append(f"{len(self.problems)} problems")
         return ", ".join(parts)
@@ -126,6 +188,7 @@ class Summary:
             d = asdict(s)
             d["failures"] = dict(s.failures)
             d["by_router"] = dict(s.by_router)
+            d["cut_reasons"] = dict(s.cut_reasons)
             return d
 
         return {
@@ -143,6 +206,11 @@ class Summary:
             "restart_seconds": self.restart_seconds,
             "traces": self.traces,
             "problems": list(self.problems),
+            "failover": (
+                {**asdict(self.failover), "injected": self.failover.injected, "took_s": self.failover.took_s}
+                if self.failover is not None
+                else None
+            ),
         }
 
 

@@ -101,3 +101,15 @@ def progress_lines(progress: Any, shown: dict[str, str]) -> list[str]:
             shown[e.iid] = line
             out.append(line)
     return out
+
+
+def failover_trigger(progress: Any, after: int = 2) -> str:
+    """When ``--failover`` should kill the primary: once the ``after``-th engine's step has begun.
+
+    Returns what happened (e.g. ``"e1 began draining"``), or "" while fewer engines have begun.
+    """
+    begun = [e for e in progress.engines.values() if e.step != "pending"]
+    if len(begun) < after:
+        return ""
+    last = max(begun, key=lambda e: e.started_at or 0.0)
+    return f"{last.iid} began {last.step} (engine {len(begun)} of {len(progress.engines)})"

@@ -141,6 +141,32 @@ def test_rolling_restart_under_load_restarts_every_engine_without_failed_request
     assert [p for p in pids if alive(p)] == []
 
 
+def test_failover_kills_the_primary_mid_restart_and_the_standby_takes_over(
+    tmp_path: Path, up_runner: list[Up]
+) -> None:
+    state = tmp_path / "failover"
+    args = ["--engines", "4", "--restart", "rolling", "--fast", "--failover", "--state-dir", str(state)]
+    up = Up([*args, *port_flags(4)], tmp_path / "failover.out")
+    up_runner.append(up)
+    rc = up.proc.wait(timeout=90)
+    out = up.output()
+    assert rc == 0, out[-5000:]
+    assert "SIGKILL router-primary" in out and "cut by the injected router kill:" in out, out[-3000:]
+    summary = json.loads((state / "summary.json").read_text())
+    assert summary["ok"] is True and summary["all_restarted"] is True, summary
+    assert all(e["restarted"] for e in summary["engines"]) and len(summary["engines"]) == 4
+    assert summary["total"]["failed"] == 0, summary["total"]  # cut requests are reported apart
+    [takeover] = summary["takeovers"]
+    assert (takeover["router"], takeover["epoch_before"], takeover["epoch_after"]) == ("standby", 1, 2)
+    fo = summary["failover"]
+    assert fo["injected"] and fo["router"] == "primary" and fo["epoch_after"] == 2, fo
+    assert fo["standby_ready_at"] > fo["killed_at"], fo
+    doc = json.loads((state / "pids.json").read_text())
+    assert doc["killed"]["router-primary"] == fo["pid"]
+    pids = [*all_pids(state), *doc["killed"].values()]
+    assert [p for p in pids if alive(p)] == []
+
+
 def test_sigint_with_keep_running_stops_every_process(tmp_path: Path, up_runner: list[Up]) -> None:
     state = tmp_path / "keep"
     args = ["--engines", "2", "--restart", "none", "--fast", "--keep-running", "--state-dir", str(state)]

@@ -27,8 +27,8 @@ from fleet.up.main import build_parser, timings_from
 from fleet.up.ports import plan_ports, port_problems
 from fleet.up.procs import ChildExited, ProcessManager
 from fleet.up.stack import Timings, roles, rolling_problem
-from fleet.up.summary import EngineChange, Summary, Takeover
-from fleet.up.watch import HAWatcher, progress_lines
+from fleet.up.summary import EngineChange, Failover, Summary, Takeover
+from fleet.up.watch import HAWatcher, failover_trigger, progress_lines
 
 # -- ports ---------------------------------------------------------------------------------------
 
@@ -375,3 +375,65 @@ def test_summary_fails_on_a_failed_request_an_unrestarted_engine_or_a_problem() 
 def test_summary_lists_takeovers() -> None:
     s = _summary(takeovers=[Takeover(1e9, "standby", 1, 2, "standby:abc")])
     assert "standby took the lease, epoch 1 → 2 (standby:abc)" in s.render()
+
+
+def test_summary_failover_cut_requests_are_not_failures() -> None:
+    s = _summary(failover=Failover(router="primary", pid=7, killed_at=1e9, dead_at=1e9 + 0.03,
+                                   trigger="e1 began draining", standby="standby",
+                                   standby_ready_at=1e9 + 2.5, epoch_before=1, epoch_after=2))  # fmt: skip
+    s.total.cut = 3
+    s.total.cut_reasons["router disconnected mid-request"] = 3
+    text = s.render()
+    assert s.ok
+    assert "primary router (pid 7) SIGKILLed at" in text and "when e1 began draining" in text
+    assert "standby /ready 200 at" in text and "(+2.50s), lease epoch 1 → 2" in text
+    assert "cut by the injected router kill: 3 requests" in text and "not counted as failures" in text
+    assert "cut        3 × router disconnected mid-request" in text
+    assert "0 failed requests, 3 cut by the injected router kill (not failures)" in text
+    doc = json.loads(json.dumps(s.to_json()))
+    assert doc["failover"]["took_s"] == pytest.approx(2.5) and doc["total"]["cut"] == 3
+    s.total.failed = 1
+    assert not s.ok
+    missed = _summary(failover=Failover(router="primary", standby="standby"))
+    assert "the primary router was not killed" in missed.render()
+
+
+def test_failover_trigger_waits_for_the_second_engine() -> None:
+    def eng(iid: str, step: str, started: float | None) -> SimpleNamespace:
+        return SimpleNamespace(iid=iid, step=step, started_at=started)
+
+    p = SimpleNamespace(engines={"e0": eng("e0", "draining", 1.0), "e1": eng("e1", "pending", None)})
+    assert failover_trigger(p) == ""
+    p.engines["e1"] = eng("e1", "draining", 2.0)
+    assert failover_trigger(p) == "e1 began draining (engine 2 of 2)"
+
+
+async def test_load_counts_requests_cut_by_an_injected_kill_apart() -> None:
+    load = LoadGenerator(["http://127.0.0.1:1/"], "m")
+    load.router_killed("http://127.0.0.1:1/")  # being killed: everything sent to it so far is cut
+    assert load._cut_by_kill("http://127.0.0.1:1", time.time())
+    load.router_killed("http://127.0.0.1:1", dead_at=100.0)
+    assert load._cut_by_kill("http://127.0.0.1:1", 99.0)
+    assert not load._cut_by_kill("http://127.0.0.1:1", 101.0)  # sent after it was gone: a failure
+    assert not load._cut_by_kill("http://127.0.0.1:2", 99.0)
+    a = LoadStats(cut=1, cut_reasons=Counter({"x": 1}))
+    b = a.copy()
+    b.cut, b.cut_reasons["x"] = 3, 3
+    assert (b.minus(a).cut, dict(b.minus(a).cut_reasons)) == (2, {"x": 2})
+
+
+async def test_process_manager_kill_is_not_a_crash(tmp_path: Path) -> None:
+    pm = ProcessManager(tmp_path, tmp_path / "pids.json")
+    pm.start("victim", [sys.executable, "-c", "import time; time.sleep(60)"])
+    child = await pm.kill("victim", at=5.0)
+    assert not child.alive() and child.killed_at == 5.0 and child.returncode == -signal.SIGKILL
+    pm.check_alive()  # killed on purpose: not reported
+    await pm.stop_all()
+
+
+def test_failover_needs_a_restart(capsys: pytest.CaptureFixture[str]) -> None:
+    from fleet.up.main import main
+
+    assert main(["--failover", "--restart", "none"]) == 2
+    assert "--failover kills the primary during the restart" in capsys.readouterr().err
+    assert "NOT counted as failures" in " ".join(build_parser().format_help().split())
