@@ -21,7 +21,7 @@ from router.attestation import (
 )
 from router.config import CONTRACT_FIELDS
 
-EXAMPLE = Path("/work/shared/examples/attestation.json")
+EXAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "peer_examples" / "attestation.json"
 FIXTURE: dict[str, Any] = {
     "schema": "narwhal.attestation",
     "schema_version": 1,

@@ -12,7 +12,7 @@ from router.config import FleetConfig, parse_fleet
 from router.lifecycle.machine import LifecycleMachine
 from router.scheduler import Scheduler
 
-EXAMPLES = Path("/work/shared/examples")
+EXAMPLES = Path(__file__).resolve().parents[2] / "fixtures" / "peer_examples"
 CONTRACT: dict[str, Any] = (
     json.loads((EXAMPLES / "attestation.json").read_text())["contract"]
     if (EXAMPLES / "attestation.json").exists()

@@ -26,7 +26,7 @@ from workflows.models import (
     SupervisorRef,
 )
 
-EXAMPLES = Path("/work/shared/examples")
+EXAMPLES = Path(__file__).resolve().parents[2] / "fixtures" / "peer_examples"
 A, B = "http://router-a", "http://router-b"
 REF = RouterRef(routers=[A, B])
 
