@@ -40,7 +40,7 @@ from workflows.client import (
     DEFAULT_TASK_QUEUE,
     TemporalUnavailable,
     connect,
-    console_exit,
+    console_main,
     default_address,
     default_namespace,
     ensure_search_attributes,
@@ -264,9 +264,19 @@ def parser() -> argparse.ArgumentParser:
         "--address", default=default_address(), help="Temporal frontend (env TEMPORAL_ADDRESS)"
     )
     common.add_argument("--namespace", default=default_namespace(), help="(env TEMPORAL_NAMESPACE)")
-    common.add_argument("--fleet", default="")
-    common.add_argument("--requested-by", default=os.environ.get("USER") or getpass.getuser())
-    common.add_argument("--ui-url", default=os.environ.get("TEMPORAL_UI_URL", "http://localhost:8233"))
+    common.add_argument(
+        "--fleet",
+        default="",
+        help="fleet name (default for start: derived from the router's model and engines)",
+    )
+    common.add_argument(
+        "--requested-by", default=os.environ.get("USER") or getpass.getuser(), help="who asked (memo, UI)"
+    )
+    common.add_argument(
+        "--ui-url",
+        default=os.environ.get("TEMPORAL_UI_URL", "http://localhost:8233"),
+        help="Temporal UI base URL for printed links (env TEMPORAL_UI_URL)",
+    )
     # --workflow-id only where an existing workflow is addressed; `start` derives it from the fleet.
     steer = argparse.ArgumentParser(add_help=False, parents=[common])
     steer.add_argument("--workflow-id", default="", help="instead of --fleet: narwhal-restart-<fleet>")
@@ -274,17 +284,58 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("start", parents=[common], help="validate, then start a restart workflow")
     s.add_argument("--router", action="append", required=True, help="router URL (repeat for the HA pair)")
     s.add_argument("--engines", default=None, help="comma-separated engine ids (default: all)")
-    s.add_argument("--mode", choices=["rolling", "wave"], default=None)
-    s.add_argument("--max-unavailable", type=int, default=1)
-    s.add_argument("--deadline-s", type=float, default=300.0)
-    s.add_argument("--deadline-policy", choices=["wait", "fail", "approve"], default="wait")
-    s.add_argument("--supervisor", choices=["local", "command", "manual"], default="local")
-    s.add_argument("--supervisor-url", default="")
-    s.add_argument("--restart-command", default="")
-    s.add_argument("--engine-url", action="append", default=[], metavar="IID=URL")
-    s.add_argument("--control-token-env", default="", metavar="NAME")
-    s.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE)
-    s.add_argument("--poll-interval", type=float, default=1.0)
+    s.add_argument(
+        "--mode",
+        choices=["rolling", "wave"],
+        default=None,
+        help="default from the router's engine_restart_policy (whole_wave -> wave)",
+    )
+    s.add_argument(
+        "--max-unavailable",
+        type=int,
+        default=1,
+        help="rolling: engines restarted at once; never the last eligible engine of a role (default 1)",
+    )
+    s.add_argument("--deadline-s", type=float, default=300.0, help="drain deadline in seconds (default 300)")
+    s.add_argument(
+        "--deadline-policy",
+        choices=["wait", "fail", "approve"],
+        default="wait",
+        help="past the drain deadline: keep waiting, fail, or proceed only on `approve` (default wait)",
+    )
+    s.add_argument(
+        "--supervisor",
+        choices=["local", "command", "manual"],
+        default="local",
+        help="restart backend: narwhal-supervisor API, a shell template, or the operator (default local)",
+    )
+    s.add_argument("--supervisor-url", default="", help="local: the narwhal-supervisor URL")
+    s.add_argument(
+        "--restart-command",
+        default="",
+        help="command: shell template, e.g. 'systemctl restart vllm@{iid}' ({iid} and {url} substituted)",
+    )
+    s.add_argument(
+        "--engine-url",
+        action="append",
+        default=[],
+        metavar="IID=URL",
+        help="engine URL used to watch its process start; overrides the supervisor's (needed for "
+        "--supervisor command|manual; repeatable)",
+    )
+    s.add_argument(
+        "--control-token-env",
+        default="",
+        metavar="NAME",
+        help="environment variable holding the router's control bearer token",
+    )
+    s.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE, help="worker task queue (default %(default)s)")
+    s.add_argument(
+        "--poll-interval",
+        type=float,
+        default=1.0,
+        help="seconds between router polls while waiting (default 1)",
+    )
     s.add_argument(
         "--restart-timeout-s",
         type=_positive,
@@ -292,8 +343,12 @@ def parser() -> argparse.ArgumentParser:
         help="how long to wait for an engine to serve a newer process after its restart; past it the "
         "engine is blocked and the restart waits for `retry` (after repair) or `abort` (default 600)",
     )
-    s.add_argument("--follow", action="store_true")
-    s.add_argument("--wait", action="store_true")
+    s.add_argument("--follow", action="store_true", help="print live per-engine progress and the UI link")
+    s.add_argument(
+        "--wait",
+        action="store_true",
+        help="block until the workflow ends; exit 0 only if every engine was restarted and readmitted",
+    )
     st = sub.add_parser("status", parents=[steer])
     st.add_argument("--json", action="store_true")
     for name in ("pause", "resume"):
@@ -338,11 +393,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry (``argv`` None) ends with ``console_exit`` (see there); tests pass ``argv``."""
-    code = _main(argv)
-    if argv is None:
-        console_exit(code)
-    return code
+    return console_main(_main, argv)
 
 
 if __name__ == "__main__":

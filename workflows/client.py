@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -89,3 +90,11 @@ def console_exit(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def console_main(entry: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None) -> int:
+    """Run a CLI's ``entry``; as a console command (``argv`` None) end with ``console_exit``."""
+    code = entry(argv)
+    if argv is None:
+        console_exit(code)
+    return code

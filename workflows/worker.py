@@ -28,7 +28,7 @@ from workflows.client import (
     DEFAULT_TASK_QUEUE,
     TemporalUnavailable,
     connect,
-    console_exit,
+    console_main,
     default_address,
     default_namespace,
     ensure_search_attributes,
@@ -118,11 +118,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry (``argv`` None) ends with ``console_exit`` (see there); tests pass ``argv``."""
-    code = _main(argv)
-    if argv is None:
-        console_exit(code)
-    return code
+    return console_main(_main, argv)
 
 
 if __name__ == "__main__":
