@@ -1,0 +1,79 @@
+"""Replay the recorded histories (tests/fixtures/histories) against the current workflow code.
+
+A change to EngineRestart/RollingRestart/WaveRestart that alters the command sequence an old
+history produced (an added, removed or reordered activity, timer, child, signal…) fails here —
+such a change must go behind ``workflow.patched(...)`` (temporal-notes §3.9). The histories are
+written by ``scripts/record_histories.py``; the file name is the workflow id.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from temporalio import workflow
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from workflows.models import RestartPlan, RestartResult
+from workflows.restart import EngineRestart, RollingRestart, WaveRestart
+from workflows.steps import FLEET_KEY
+
+HISTORIES = Path(__file__).resolve().parents[2] / "fixtures" / "histories"
+FILES = sorted(HISTORIES.glob("*.json"))
+
+
+def load(path: Path) -> WorkflowHistory:
+    return WorkflowHistory.from_json(path.stem, path.read_text())
+
+
+def test_the_recorded_histories_are_there() -> None:
+    names = {p.stem for p in FILES}
+    # one parent per scenario, children for the rolling ones; a missing directory must not pass silently
+    assert {"narwhal-restart-rolling", "narwhal-restart-wave", "engine-restart-readmit-retry-e0"} <= names
+    types = {load(p).events[0].workflow_execution_started_event_attributes.workflow_type.name for p in FILES}
+    assert types == {"EngineRestart", "RollingRestart", "WaveRestart"}
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+async def test_history_replays_deterministically(path: Path) -> None:
+    replayer = Replayer(
+        workflows=[EngineRestart, RollingRestart, WaveRestart], data_converter=pydantic_data_converter
+    )
+    result = await replayer.replay_workflow(load(path), raise_on_replay_failure=False)
+    assert result.replay_failure is None, f"{path.name}: {result.replay_failure!r}"
+
+
+# -- the replay test can fail -----------------------------------------------------------------------
+
+
+@workflow.defn(name="RollingRestart", sandboxed=False)
+class ReorderedRollingRestart:
+    """A "changed" RollingRestart: same start, but confirms the fleet before reading it (a different
+    first activity) — the kind of edit a refactor makes without noticing."""
+
+    @workflow.run
+    async def run(self, plan: RestartPlan) -> RestartResult:
+        workflow.upsert_search_attributes([FLEET_KEY.value_set(plan.fleet)])
+        await workflow.execute_activity(
+            "confirm_active", plan.router, start_to_close_timeout=timedelta(seconds=10)
+        )
+        await workflow.execute_activity(
+            "read_fleet", plan.router, start_to_close_timeout=timedelta(seconds=10)
+        )
+        return RestartResult(fleet=plan.fleet, mode="rolling", ok=True, state="done")
+
+
+async def test_a_changed_workflow_fails_replay_with_a_nondeterminism_error() -> None:
+    replayer = Replayer(
+        workflows=[EngineRestart, ReorderedRollingRestart, WaveRestart],
+        data_converter=pydantic_data_converter,
+    )
+    result = await replayer.replay_workflow(
+        load(HISTORIES / "narwhal-restart-rolling.json"), raise_on_replay_failure=False
+    )
+    assert isinstance(result.replay_failure, workflow.NondeterminismError), repr(result.replay_failure)
+    assert "TMPRL1100" in str(result.replay_failure)
+    assert "read_fleet" in str(result.replay_failure) and "confirm_active" in str(result.replay_failure)
