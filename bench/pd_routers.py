@@ -49,6 +49,7 @@ from bench._common import (
     run_async,
 )
 from fleet.fleetgen import fleet_document, sim_command
+from tests.support.fleet import vllm_router_command
 from tests.support.procs import BIN, Proc, ProcGroup, free_port, proc_group, script, wait_http
 
 PROMPTS = {"short": SHORT_PROMPT, "long": LONG_PROMPT}
@@ -96,16 +97,7 @@ def start_vllm_router(
     group: ProcGroup, pin: Pinning, tmp: Path, prefills: list[str], decodes: list[str]
 ) -> System:
     port = free_port()
-    cmd = [str(BIN / "vllm-router"), "--vllm-pd-disaggregation"]
-    for u in prefills:
-        cmd += ["--prefill", u]
-    for u in decodes:
-        cmd += ["--decode", u]
-    cmd += [
-        *("--kv-connector", "nixl", "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port)),
-        *("--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())),
-        *("--log-dir", str(tmp / "vllm-router-logs"), "--log-level", "warning"),
-    ]
+    cmd = vllm_router_command(prefills, decodes, port, tmp, "--log-level", "warning")
     proc = group.start("vllm-router", pin.server_cmd(cmd))
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/health", timeout=30, proc=proc)

@@ -42,7 +42,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fleet.fleetgen import sim_command
-from tests.support.procs import BIN, free_port, proc_group, script, wait_http
+from tests.support.fleet import vllm_router_command
+from tests.support.procs import free_port, proc_group, script, wait_http
 
 MODEL = "sim-model"
 TARGETS = ("direct", "direct-pd", "router", "vllm-router")
@@ -158,31 +159,6 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def _vllm_router_cmd(sims: list[str], port: int, log_dir: Path) -> list[str]:
-    return [
-        str(BIN / "vllm-router"),
-        "--vllm-pd-disaggregation",
-        "--prefill",
-        sims[0],
-        "--decode",
-        sims[1],
-        "--kv-connector",
-        "nixl",
-        "--policy",
-        "round_robin",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--prometheus-host",
-        "127.0.0.1",
-        "--prometheus-port",
-        str(free_port()),
-        "--log-dir",
-        str(log_dir / "vllm-router-logs"),
-    ]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=2000)
@@ -254,7 +230,7 @@ def main() -> int:
         vproc = None
         if "vllm-router" in targets:
             vport = free_port()
-            vproc = group.start("vllm-router", _vllm_router_cmd(sims, vport, tmp))
+            vproc = group.start("vllm-router", vllm_router_command(sims[:1], sims[1:2], vport, tmp))
             wait_http(f"http://127.0.0.1:{vport}/health", timeout=30, proc=vproc)
         sim_pids = tuple(p.pid for p in group.procs[:2])
         plans: dict[str, tuple[list[str], int | None]] = {

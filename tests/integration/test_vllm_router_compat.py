@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.support.fleet import SimEngine, sim_stats, start_sims
+from tests.support.fleet import SimEngine, sim_stats, start_sims, vllm_router_command
 from tests.support.procs import BIN, ProcGroup, free_port, wait_http
 
 pytestmark = pytest.mark.integration
@@ -27,28 +27,7 @@ def routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list
         port = free_port()
         proc = group.start(
             "vllm-router",
-            [
-                str(ROUTER),
-                "--vllm-pd-disaggregation",
-                "--prefill",
-                sims[0].url,
-                "--decode",
-                sims[1].url,
-                "--kv-connector",
-                "nixl",
-                "--policy",
-                "round_robin",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--prometheus-host",
-                "127.0.0.1",
-                "--prometheus-port",
-                str(free_port()),
-                "--log-dir",
-                str(Path(group.log_dir) / "vllm-router-logs"),
-            ],
+            vllm_router_command([sims[0].url], [sims[1].url], port, Path(group.log_dir)),
         )
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", timeout=30, proc=proc)

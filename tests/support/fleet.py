@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from fleet.fleetgen import fleet_document, sim_command, supervisor_config
-from tests.support.procs import Proc, ProcGroup, free_port, script, wait_http
+from tests.support.procs import BIN, Proc, ProcGroup, free_port, script, wait_http
 
 
 @dataclass
@@ -174,3 +174,21 @@ def start_supervisor(
         for iid, p, role in zip(iids, ports, roles, strict=True)
     ]
     return url, sims
+
+
+def vllm_router_command(
+    prefills: Sequence[str], decodes: Sequence[str], port: int, log_dir: Path, *extra: str
+) -> list[str]:
+    """The Rust PD router ``vllm-router`` (PyPI) over our engines: NIXL connector, round robin."""
+    cmd = [str(BIN / "vllm-router"), "--vllm-pd-disaggregation"]
+    for url in prefills:
+        cmd += ["--prefill", url]
+    for url in decodes:
+        cmd += ["--decode", url]
+    return [
+        *cmd,
+        *("--kv-connector", "nixl", "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port)),
+        *("--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())),
+        *("--log-dir", str(log_dir / "vllm-router-logs")),
+        *extra,
+    ]
