@@ -138,12 +138,15 @@ async def _start(args: argparse.Namespace) -> int:
     req = StartRequest(
         routers=args.router, engines=args.engines.split(",") if args.engines is not None else None,
         mode=args.mode, fleet=args.fleet or "", supervisor=args.supervisor, supervisor_url=args.supervisor_url,
-        restart_command=args.restart_command, engine_urls=engine_urls, token_env=args.control_token_env,
+        restart_command=args.restart_command, engine_urls=engine_urls, fleet_file=args.fleet_file,
+        token_env=args.control_token_env,
     )  # fmt: skip
     async with httpx.AsyncClient() as http:
         if telemetry.tracing_installed():
             telemetry.instrument_httpx(http)
         pre = await preflight(http, req)
+    for note in pre.notes:
+        print(f"note: {note}", file=sys.stderr)
     plan = RestartPlan(
         fleet=pre.fleet, mode=pre.mode,
         router=RouterRef(routers=args.router, token_env=args.control_token_env),
@@ -320,8 +323,15 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="IID=URL",
-        help="engine URL used to watch its process start; overrides the supervisor's (needed for "
-        "--supervisor command|manual; repeatable)",
+        help="engine URL used to watch its process start and for {url}; overrides every other source "
+        "(repeatable)",
+    )
+    s.add_argument(
+        "--fleet-file",
+        default="",
+        metavar="PATH",
+        help="take engine URLs from this fleet file's engines list instead of the router's "
+        "GET /narwhal/targets (default: ask the router)",
     )
     s.add_argument(
         "--control-token-env",

@@ -262,6 +262,7 @@ class FleetView(_Model):
     engines: dict[str, EngineView] = Field(default_factory=dict)
     roles: dict[str, str] = Field(default_factory=dict)
     model: str = ""
+    roles_error: str = ""  # the handoff (roles) could not be read: role safety cannot be decided
 
 
 class DrainRequest(_Model):

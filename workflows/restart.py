@@ -17,6 +17,7 @@ from temporalio import workflow
 from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.documents import KNOWN_ROLES
     from activities.router import LifecycleActivities
     from workflows.models import (
         FINAL_STEPS,
@@ -122,6 +123,12 @@ def pick_batch(queue: list[str], view: FleetView, max_unavailable: int) -> tuple
     never be drained alone.
     """
     eligible = {i for i, e in view.engines.items() if e.accepts_new}
+    if view.roles_error:
+        return [], f"role safety: engine roles unknown ({view.roles_error})"
+    unknown = sorted(i for i in eligible | set(queue[:1]) if view.roles.get(i) not in KNOWN_ROLES)
+    if unknown:
+        shown = ", ".join(f"{i}={view.roles.get(i, '(missing)')}" for i in unknown)
+        return [], f"role safety: unknown role for {shown} in /narwhal/handoff"
     batch: list[str] = []
     for iid in queue:
         if len(batch) >= max_unavailable:
@@ -130,13 +137,13 @@ def pick_batch(queue: list[str], view: FleetView, max_unavailable: int) -> tuple
         if e is None or e.state != "active" or not e.accepts_new:
             why = "unknown to the router" if e is None else f"{e.state}, accepts_new={e.accepts_new}"
             return (batch, "") if batch else ([], f"{iid} is not serving ({why})")
-        role = view.roles.get(iid, "any")
+        role = view.roles[iid]
         left = eligible - set(batch) - {iid}
-        same_role = [o for o in left if view.roles.get(o, "any") == role]
+        same_role = [o for o in left if view.roles.get(o) == role]
         if not left or not same_role:
             if batch:
                 break
-            return [], f"{iid} is the last eligible {role if role != 'any' else ''} engine".replace("  ", " ")
+            return [], f"{iid} is the last eligible {role} engine"
         batch.append(iid)
     return batch, ""
 
