@@ -17,14 +17,25 @@ from __future__ import annotations
 import asyncio
 import re
 import shlex
+import time
+from datetime import timedelta
 
 import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from activities import errors
 from activities.heartbeat import heartbeating
-from workflows.models import EngineTarget, NewProcess, RestartOutcome, StartEngineRequest, SupervisorRef
+from workflows.models import (
+    EngineTarget,
+    LaunchReport,
+    NewProcess,
+    ProcessProbe,
+    RestartOutcome,
+    StartEngineRequest,
+    SupervisorRef,
+)
 
 _START_RE = re.compile(r"^process_start_time_seconds(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
 SAME_PROCESS_TOLERANCE = 1e-6
@@ -74,6 +85,13 @@ class SupervisorActivities:
             return None
         return parse_process_start(r.text) if r.status_code == 200 else None
 
+    @activity.defn(name="probe_process")
+    async def probe_process(self, target: EngineTarget) -> ProcessProbe:
+        """Which process does the engine run now? (Before a launch: skip it when already newer.)"""
+        url = await self.engine_url(target.iid, target.url, target.supervisor)
+        live = await heartbeating(self.live_process_start(url))
+        return ProcessProbe(iid=target.iid, url=url, process_start=live)
+
     @activity.defn(name="wait_new_process")
     async def wait_new_process(self, target: EngineTarget) -> NewProcess:
         """Poll-by-retry: succeeds once the engine serves a process newer than the drain record."""
@@ -97,8 +115,29 @@ class SupervisorActivities:
                 note=f"manual backend: restart {target.iid} yourself; waiting for a newer process start",
             )
         if sup.backend == "local":
+            await self._report_launch(target, f"supervisor restart {target.iid}")
             return await self._restart_local(target)
         return await self._restart_command(target)
+
+    async def _report_launch(self, target: EngineTarget, what: str) -> None:
+        """Durable record of the launch before anything runs: a signal to the workflow (in its
+        history once this returns). Fails retryably (nothing launched) when Temporal is unreachable."""
+        if target.launch <= 0:
+            return  # a workflow from before exactly-once launches
+        info = activity.info()
+        if not info.workflow_id:
+            raise ApplicationError(
+                "restart_engine runs only inside a workflow", type=errors.LAUNCH_NOT_RECORDED
+            )
+        report = LaunchReport(iid=target.iid, launch=target.launch, at=time.time(), what=what)
+        try:
+            handle = activity.client().get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
+            await handle.signal("launch_started", report, rpc_timeout=timedelta(seconds=10))
+        except (RPCError, RuntimeError) as exc:
+            raise ApplicationError(
+                f"could not record the launch of {target.iid} ({exc}); nothing was launched",
+                type=errors.LAUNCH_NOT_RECORDED,
+            ) from exc
 
     async def _restart_local(self, target: EngineTarget) -> RestartOutcome:
         sup = target.supervisor
@@ -146,25 +185,34 @@ class SupervisorActivities:
         if live is None and issued:
             raise errors.not_ready_yet(f"{target.iid}: restart command issued, engine not answering yet")
         command = render_command(sup.command, target.iid, url)
+        await self._report_launch(target, command)
         activity.heartbeat({"command_issued": True, "command": command})
+        # its own session: a worker that dies mid-command does not take the restart down with it
         proc = await asyncio.create_subprocess_shell(
-            command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+            command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True
         )
-        communicate = asyncio.ensure_future(proc.communicate())
+        assert proc.stdout is not None
+        output = asyncio.ensure_future(proc.stdout.read())
+        exited = asyncio.ensure_future(proc.wait())
         try:
             async with asyncio.timeout(sup.command_timeout_s):
-                while not communicate.done():
-                    await asyncio.wait([communicate], timeout=1.0)
+                while not exited.done():
+                    await asyncio.wait([exited], timeout=1.0)
                     activity.heartbeat({"command_issued": True, "command": command})
         except TimeoutError:
             proc.kill()
-            await communicate
+            await exited
+            output.cancel()
             raise ApplicationError(
                 f"{command!r} timed out after {sup.command_timeout_s}s",
                 type=errors.RESTART_COMMAND_FAILED,
                 non_retryable=True,
             ) from None
-        out, _ = communicate.result()
+        # the command's exit is what counts: a daemon it started may keep the output pipe open
+        done, _ = await asyncio.wait([output], timeout=1.0)
+        out = output.result() if done else b""
+        if not done:
+            output.cancel()
         if proc.returncode != 0:
             tail = (out or b"").decode(errors="replace")[-500:]
             raise ApplicationError(
