@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shlex
+import tempfile
 import time
 from datetime import timedelta
 
@@ -187,32 +188,30 @@ class SupervisorActivities:
         command = render_command(sup.command, target.iid, url)
         await self._report_launch(target, command)
         activity.heartbeat({"command_issued": True, "command": command})
-        # its own session: a worker that dies mid-command does not take the restart down with it
-        proc = await asyncio.create_subprocess_shell(
-            command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True
-        )
-        assert proc.stdout is not None
-        output = asyncio.ensure_future(proc.stdout.read())
-        exited = asyncio.ensure_future(proc.wait())
-        try:
-            async with asyncio.timeout(sup.command_timeout_s):
-                while not exited.done():
-                    await asyncio.wait([exited], timeout=1.0)
-                    activity.heartbeat({"command_issued": True, "command": command})
-        except TimeoutError:
-            proc.kill()
-            await exited
-            output.cancel()
-            raise ApplicationError(
-                f"{command!r} timed out after {sup.command_timeout_s}s",
-                type=errors.RESTART_COMMAND_FAILED,
-                non_retryable=True,
-            ) from None
-        # the command's exit is what counts: a daemon it started may keep the output pipe open
-        done, _ = await asyncio.wait([output], timeout=1.0)
-        out = output.result() if done else b""
-        if not done:
-            output.cancel()
+        # Its own session: a worker that dies mid-command does not take the restart down with it.
+        # Output goes to a temporary file, not a pipe: a daemon the command starts may keep a pipe
+        # open forever, and it is the command's exit that counts.
+        with tempfile.TemporaryFile() as log:
+            proc = await asyncio.create_subprocess_shell(
+                command, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
+            try:
+                async with asyncio.timeout(sup.command_timeout_s):
+                    while proc.returncode is None:
+                        try:
+                            await asyncio.wait_for(proc.wait(), timeout=1.0)
+                        except TimeoutError:
+                            activity.heartbeat({"command_issued": True, "command": command})
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+                raise ApplicationError(
+                    f"{command!r} timed out after {sup.command_timeout_s}s",
+                    type=errors.RESTART_COMMAND_FAILED,
+                    non_retryable=True,
+                ) from None
+            log.seek(max(0, log.seek(0, 2) - 500))
+            out = log.read()
         if proc.returncode != 0:
             tail = (out or b"").decode(errors="replace")[-500:]
             raise ApplicationError(
