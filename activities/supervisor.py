@@ -6,9 +6,13 @@ Backends, chosen per workflow by ``SupervisorRef.backend``:
   process start the router recorded at drain, so a retried activity never restarts twice (the
   supervisor refuses when the engine already runs another process).
 - ``command``: a shell template (``systemctl restart vllm@{iid}``; ``{iid}`` and ``{url}`` are
-  substituted, shell-quoted). Guarded the same way: the engine's live process start is read first
-  and the command only runs while the engine still serves the drain-recorded process; the
-  heartbeat remembers that the command was issued, so a retry after a crash waits instead.
+  substituted, shell-quoted), run in its own session with its output in a temporary file (its exit
+  is what counts). Guarded the same way: the engine's live process start is read first and the
+  command only runs while the engine still serves the drain-recorded process.
+
+Exactly once (both backends): the workflow probes first (``probe_process``) and runs
+``restart_engine`` with one attempt; the activity signals ``launch_started`` to its workflow before
+it launches, so the workflow knows after a lost attempt whether a launch may have happened.
 - ``manual``: does nothing; the workflow waits for the newer process and tells the operator.
 """
 

@@ -3,14 +3,17 @@
     narwhal-restart start --router URL [--router URL2] [--engines e0,e1] [--mode rolling|wave]
         [--max-unavailable N] [--deadline-s S] [--deadline-policy wait|fail|approve]
         [--supervisor local|command|manual] [--supervisor-url URL | --restart-command 'TEMPLATE']
-        [--engine-url IID=URL ...] [--control-token-env NAME] [--fleet NAME] [--restart-timeout-s S]
-        [--follow] [--wait]
-    narwhal-restart status|pause|resume --fleet NAME | --workflow-id ID
+        [--fleet-file PATH] [--engine-url IID=URL ...] [--control-token-env NAME] [--fleet NAME]
+        [--restart-timeout-s S] [--pause-after N] [--follow] [--wait]
+    narwhal-restart status|pause|resume [--fleet NAME | --workflow-id ID]
     narwhal-restart list [--fleet NAME]
-    narwhal-restart approve|retry|abort --fleet NAME | --workflow-id ID [--engine IID] [--reason TEXT]
+    narwhal-restart approve|retry|abort [--fleet NAME | --workflow-id ID] [--engine IID] [--reason TEXT]
+    narwhal-restart schedule create (--cron EXPR | --every 6h) [--name NAME] START-FLAGS
+    narwhal-restart schedule list | pause|unpause|delete --name NAME
 
 One restart per fleet: the workflow id is ``narwhal-restart-<fleet>`` (``start`` derives it; there is
-no ``--workflow-id`` there); a second start is refused. Exit codes: 0 ok, 1 the restart ended without
+no ``--workflow-id`` there); a second start is refused. Without ``--fleet``/``--workflow-id`` the
+steering commands address the only running restart. Exit codes: 0 ok, 1 the restart ended without
 restarting every engine, 2 refused / invalid / Temporal unreachable (one line naming the address).
 With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, ``start`` is one span, parent of the workflow's trace.
 """
