@@ -48,7 +48,11 @@ def test_the_recorded_histories_are_there() -> None:
     types = {load(p).events[0].workflow_execution_started_event_attributes.workflow_type.name for p in FILES}
     assert types == {"EngineRestart", "RollingRestart", "WaveRestart"}
     # histories from before and after the exactly-once launch patch: both paths must replay
-    assert {"narwhal-restart-exactly-once", "narwhal-restart-wave-exactly-once", "narwhal-restart-canary"} <= names
+    assert {
+        "narwhal-restart-exactly-once",
+        "narwhal-restart-wave-exactly-once",
+        "narwhal-restart-canary",
+    } <= names
     patched = {p.stem for p in FILES if PATCH_EXACTLY_ONCE_LAUNCH in patch_ids(load(p))}
     assert {"engine-restart-exactly-once-e0", "narwhal-restart-wave-exactly-once"} <= patched
     assert "engine-restart-rolling-e0" not in patched and "narwhal-restart-wave" not in patched
