@@ -27,6 +27,8 @@ class RouterCore:
     counters: Counters = field(default_factory=Counters)
     identities_ready: bool = True  # false until the startup/takeover identity check passes
     monitoring_degraded: str = ""  # "<stage> <Class>" while monitoring is degraded
+    # why the last state write failed ("" = persisted): lifecycle changes are refused, serving goes on
+    persist_degraded: str = ""
     started_wall: float = field(init=False)
     started_mono: float = field(init=False)
     extras: dict[str, Any] = field(default_factory=dict)
