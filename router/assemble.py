@@ -19,6 +19,7 @@ from router.app import Component, build_app
 from router.breaker import Breaker
 from router.clock import Clock, SystemClock
 from router.config import FleetConfig
+from router.context_limits import ContextLimits
 from router.core import RouterCore
 from router.engines.legs import EngineClient
 from router.ha import settings as ha_settings
@@ -125,6 +126,7 @@ def build_router(
         parts.serving,
         parts.ops,
         parts.prober,
+        ContextLimits(core),  # max_tokens bound from the engines' max_model_len
         # --- lifecycle / HA components go here, e.g. LifecycleApi(core, parts), HAComponent(core, options)
         *lifecycle_components(core, parts),  # lifecycle: API + monitor (router/lifecycle/wiring.py)
         ha_component(core, parts, options),  # HA: lease, handoff, state file, standby (router/ha)

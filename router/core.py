@@ -29,6 +29,8 @@ class RouterCore:
     monitoring_degraded: str = ""  # "<stage> <Class>" while monitoring is degraded
     # why the last state write failed ("" = persisted): lifecycle changes are refused, serving goes on
     persist_degraded: str = ""
+    # the smallest max_model_len the engines report (router/context_limits.py); None: not reported
+    model_context: int | None = None
     started_wall: float = field(init=False)
     started_mono: float = field(init=False)
     extras: dict[str, Any] = field(default_factory=dict)
@@ -41,6 +43,11 @@ class RouterCore:
         self.started_mono = self.clock.monotonic()
         self.demand_risk = DemandRisk(self.clock)
         self.extras.setdefault("demand_risk", self.demand_risk)
+
+    def max_tokens_limit(self) -> int | None:
+        """The largest ``max_tokens`` a request may ask for (None: unbounded)."""
+        limits = [v for v in (self.config.serving.max_tokens_limit, self.model_context) if v is not None]
+        return min(limits) if limits else None
 
     # -- predicates (spec §3.4) -------------------------------------------------------------
     def controls_fleet(self) -> bool:
