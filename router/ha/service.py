@@ -1,13 +1,15 @@
 """The HA component: lease claim + renewal (fencing), state-file persistence, ``--resume``, warm
 standby and ``GET /narwhal/handoff`` (spec §2.3–2.6, §3.3).
 
-It is a ``router.app.Component``. Other components reach it through the core:
-``core.extras["persist"]()`` writes the state file now (the lifecycle calls it after every change;
-a no-op on a standby or fenced router), ``core.extras["ha"]`` is this object.
+It is a ``router.app.Component``. Its collaborators are typed constructor arguments, wired by
+``router/assemble.py``: the lifecycle (``transfer.LifecycleView``: snapshot / restore / wave hold),
+the breaker (probe schedule of restored ejections) and the lifecycle monitor (``MonitorView``).
+``persist()`` writes the state file now (assemble registers it as a lifecycle persist hook, so it
+runs after every lifecycle change; a no-op on a standby or fenced router).
 
 The periodic state-file write is the ``handoff`` stage of the lifecycle monitor pass when a monitor
-runs (``core.extras["monitor_stages"]``, spec §7.1: its failures count towards "monitoring
-degraded"); without a monitor this component runs its own writer loop.
+runs (``monitor.add_stage``, spec §7.1: its failures count towards "monitoring degraded"); without a
+monitor this component runs its own writer loop.
 """
 
 from __future__ import annotations
@@ -16,24 +18,35 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
 from router.core import RouterCore
-from router.ha import statefile, transfer
+from router.ha import statefile
 from router.ha.handoff import Handoff
 from router.ha.keeper import RENEWAL_FAILED, LeaseKeeper
 from router.ha.lease import Lease
 from router.ha.persist import FileHandoffStore, HandoffStore, Persister, PersistError
 from router.ha.settings import HARuntime
 from router.ha.standby import StandbyLoop
+from router.ha.transfer import Handover, LifecycleView, ProbeSchedule
 
 log = logging.getLogger("narwhal.ha")
 __all__ = ["RENEWAL_FAILED", "HAService", "choose_resume"]
+
+Stage = Callable[[], Awaitable[object]]
+
+
+class MonitorView(Protocol):
+    """What HA needs of the lifecycle monitor (``router.lifecycle.monitor.LifecycleMonitor``)."""
+
+    def add_stage(self, name: str, stage: Stage) -> None: ...
+
+    async def check_identities(self, engines: list[str] | None = None) -> None: ...
 
 
 def _newer(a: Handoff, b: Handoff) -> bool:
@@ -92,9 +105,16 @@ class HAService:
         settings: HARuntime,
         lease: Lease | None = None,
         shared: HandoffStore | None = None,
+        *,
+        lifecycle: LifecycleView | None = None,
+        breaker: ProbeSchedule | None = None,
+        monitor: MonitorView | None = None,
     ) -> None:
         self.core = core
         self.settings = settings
+        self.lifecycle = lifecycle
+        self.monitor = monitor
+        self.handover = Handover(core, lifecycle, breaker)
         lease_settings = settings.lease_settings()
         self.lease = (
             lease
@@ -117,13 +137,9 @@ class HAService:
         if shared is None and settings.lease_path:
             shared = FileHandoffStore(statefile.shared_handoff_path(settings.lease_path))
         self.shared = shared  # where a successor finds our state (written first)
-        self.persister = Persister(
-            lambda: transfer.build(core), settings.state_path, shared, on_change=self._degraded
-        )
+        self.persister = Persister(self.handover.build, settings.state_path, shared, on_change=self._degraded)
         self.monitored = False  # the monitor pass runs the periodic write (write_handoff)
         self._stopping = False
-        core.extras["ha"] = self
-        core.extras["persist"] = self.persist
 
     # -- component protocol ----------------------------------------------------------------------
     def add_routes(self, app: web.Application) -> None:
@@ -132,14 +148,11 @@ class HAService:
 
     async def start(self) -> None:
         control = self.core.control
-        hooks = getattr(transfer.find_lifecycle(self.core), "persist_hooks", None)
-        if isinstance(hooks, list) and self.persist not in hooks:
-            hooks.append(self.persist)  # the state file follows every lifecycle change
         if self.settings.standby_of:
             assert self.lease is not None  # HARuntime: --standby-of requires --lease-path
             control.standby = True
             self.standby_loop = StandbyLoop(
-                self.core, self.settings, self.lease, self._activate, shared=self.shared
+                self.core, self.settings, self.lease, self.handover, self._activate, shared=self.shared
             )
             self._spawn(self.standby_loop.run(), "narwhal-standby")
             log.info("standby of %s (lease %s)", self.settings.standby_of, self.settings.lease_path)
@@ -173,7 +186,7 @@ class HAService:
         found = await self.shared.read()
         if found.doc is None or found.doc.epoch <= previous_epoch:
             return ""
-        applied, why = transfer.apply(self.core, found.doc)
+        applied, why = self.handover.apply(found.doc)
         if not applied:
             return f"lease claimed again, but the newer handoff was not applied: {why}"
         log.warning("lease claimed again: %s", why)
@@ -258,7 +271,7 @@ class HAService:
             why = f"handoff epoch {doc.epoch} cannot precede claimed epoch {self.lease.epoch}"
         applied = False
         if doc is not None and not why:
-            applied, why = transfer.apply(self.core, doc)
+            applied, why = self.handover.apply(doc)
         source = source or str(local_path)
         self.resume_result = (applied, why)
         if applied:
@@ -279,12 +292,8 @@ class HAService:
         return self.shared.describe() if self.shared is not None else "shared handoff"
 
     def _restart_wave(self, reason: str) -> None:
-        lifecycle = transfer.find_lifecycle(self.core)
-        require = getattr(lifecycle, "require_restart_wave", None) or getattr(
-            getattr(lifecycle, "machine", None), "require_restart_wave", None
-        )
-        if require is not None:
-            require(reason)
+        if self.lifecycle is not None:
+            self.lifecycle.require_restart_wave(reason)
         else:  # no lifecycle machine attached: still hold the whole fleet, fail closed
             self.core.scheduler.fleet_hold = f"whole-wave restart required: {reason}"
 
@@ -292,13 +301,10 @@ class HAService:
     async def _activate(self, lease: Lease) -> str:
         core = self.core
         core.control.take_control(lease)
-        check = core.extras.get("identity_check")
-        if callable(check):
+        if self.monitor is not None:
             core.identities_ready = False
             try:
-                result = check()
-                if asyncio.iscoroutine(result):
-                    await result
+                await self.monitor.check_identities()
             except Exception as exc:
                 log.warning("identity validation after takeover failed: %s: %s", type(exc).__name__, exc)
         elif core.config.engine_contract is not None:
@@ -317,10 +323,8 @@ class HAService:
     def _start_loops(self) -> None:
         if self.keeper is not None and self.lease is not None and self.lease.owned:
             self._spawn(self.keeper.renew_forever(), "narwhal-lease-renewal")
-        stages = self.core.extras.get("monitor_stages")  # router/lifecycle/monitor.py
-        if isinstance(stages, list):  # after claim/resume/takeover: never overwrite an unread file
-            if all(fn != self.write_handoff for _, fn in stages):
-                stages.append(("handoff", self.write_handoff))
+        if self.monitor is not None:  # after claim/resume/takeover: never overwrite an unread file
+            self.monitor.add_stage("handoff", self.write_handoff)
             self.monitored = True
         else:
             self._spawn(self._persist_loop(), "narwhal-handoff-writer")
@@ -333,7 +337,7 @@ class HAService:
     # -- views -----------------------------------------------------------------------------------
     async def handoff_route(self, _: web.Request) -> web.Response:
         try:
-            body = orjson.dumps(transfer.build(self.core).dump())
+            body = orjson.dumps(self.handover.build().dump())
         except ValueError as exc:  # our own state fails validation: say so, publish nothing
             err = {"error": {"message": f"handoff unavailable: {exc}", "type": "internal"}}
             return web.Response(status=500, body=orjson.dumps(err), content_type="application/json")

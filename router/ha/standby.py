@@ -18,11 +18,12 @@ from typing import Any
 import httpx
 
 from router.core import RouterCore
-from router.ha import statefile, transfer
+from router.ha import statefile
 from router.ha.handoff import Handoff, HandoffError, HandoffVersionError, validate
 from router.ha.lease import Lease, LeaseError, LeaseRecord
 from router.ha.persist import FileHandoffStore, HandoffStore
 from router.ha.settings import HARuntime
+from router.ha.transfer import Handover
 
 log = logging.getLogger("narwhal.ha.standby")
 
@@ -89,6 +90,7 @@ class StandbyLoop:
         core: RouterCore,
         settings: HARuntime,
         lease: Lease,
+        handover: Handover,
         activate: Callable[[Lease], Awaitable[str]],
         client: httpx.AsyncClient | None = None,
         shared: HandoffStore | None = None,
@@ -96,6 +98,7 @@ class StandbyLoop:
         self.core = core
         self.settings = settings
         self.lease = lease
+        self.handover = handover  # applies the handoff at takeover (lifecycle + breaker)
         self.activate = activate  # starts renewal/persistence, validates identities; "" or why not
         self.primary = settings.standby_of.rstrip("/")
         self.client = client
@@ -202,7 +205,7 @@ class StandbyLoop:
                 f"{self._shared_damage}; the newest valid handoff (epoch {doc.epoch}) is older than "
                 f"the lease's last epoch {self.lease.previous_epoch}"
             )
-        applied, why = transfer.apply(self.core, doc)
+        applied, why = self.handover.apply(doc)
         if not applied:
             return await self._refuse(why)
         if not self.lease.valid():

@@ -11,14 +11,13 @@ from typing import Any
 import pytest
 
 from router.clock import FakeClock
-from router.core import RouterCore
-from router.ha import statefile, transfer
+from router.ha import statefile
 from router.ha.handoff import HandoffVersionError, validate
 from router.ha.lease import Lease, LeaseError, LeaseSettings
 from router.ha.service import HAService
 from router.ha.settings import HARuntime
 from router.ha.standby import StandbyLoop, judge_probe
-from tests.unit.ha.helpers import core, fixture, fleet, machine
+from tests.unit.ha.helpers import HACore, core, fixture, fleet, machine
 
 FAST = {"lease_ttl_s": 1.0, "lease_renew_interval_s": 0.2, "lease_safety_margin_s": 0.1}
 
@@ -34,8 +33,8 @@ def _runtime(tmp_path: Path, name: str = "a", lease: bool = True, **kw: Any) -> 
     return HARuntime(**values)
 
 
-def _service(tmp_path: Path, c: RouterCore, name: str = "a", **kw: Any) -> HAService:
-    return HAService(c, _runtime(tmp_path, name, **kw))
+def _service(tmp_path: Path, c: HACore, name: str = "a", **kw: Any) -> HAService:
+    return HAService(c, _runtime(tmp_path, name, **kw), lifecycle=c.lifecycle)
 
 
 def _lease(tmp_path: Path, clock: FakeClock, router_id: str = "other") -> Lease:
@@ -342,7 +341,7 @@ async def _standby(
     ha = _service(tmp_path, c, name="b", standby_of="http://primary.invalid")
     c.control.standby = True
     assert ha.lease is not None
-    loop = StandbyLoop(c, ha.settings, ha.lease, ha._activate)
+    loop = StandbyLoop(c, ha.settings, ha.lease, ha.handover, ha._activate)
     ha.standby_loop = loop
     loop.doc = validate(doc) if doc is not None else None
     loop.last_good_mono = clock.monotonic()
@@ -411,7 +410,7 @@ async def test_standby_and_fenced_never_persist(tmp_path: Path, clock: FakeClock
 
 
 async def test_handoff_route_serves_any_role(tmp_path: Path, clock: FakeClock) -> None:
-    loop, ha = await _standby(tmp_path, clock, None)
+    _, ha = await _standby(tmp_path, clock, None)
     resp = await ha.handoff_route(None)  # type: ignore[arg-type]
     assert resp.status == 200
     assert resp.body is not None
@@ -419,7 +418,7 @@ async def test_handoff_route_serves_any_role(tmp_path: Path, clock: FakeClock) -
     assert (
         body["epoch"] == 0
         and body["holder"] == ""
-        and body == transfer.build(loop.core).dump() | {"at": body["at"]}
+        and body == ha.handover.build().dump() | {"at": body["at"]}
     )
 
 
