@@ -118,7 +118,7 @@ async def _follow(handle: WorkflowHandle[Any, Any]) -> None:
     event (paused, resumed, approved, retried, aborted, waiting for operator) once."""
     shown: dict[str, str] = {}
     header = ""
-    events_seen = 0
+    events_seen: set[tuple[float, str, str, str]] = set()
     while True:
         try:
             p = await handle.query("progress", result_type=RestartProgress, rpc_timeout=RPC_TIMEOUT)
@@ -126,9 +126,11 @@ async def _follow(handle: WorkflowHandle[Any, Any]) -> None:
             if line != header:
                 header = line
                 print(line, flush=True)
-            for ev in p.events[events_seen:] if len(p.events) >= events_seen else p.events:
-                print(f"  ** {event_line(ev)}", flush=True)
-            events_seen = len(p.events)
+            for ev in p.events:
+                key = (ev.at, ev.kind, ev.iid, ev.by)
+                if key not in events_seen:
+                    events_seen.add(key)
+                    print(f"  ** {event_line(ev)}", flush=True)
             for e in p.engines.values():
                 text = _engine_line(e)
                 if shown.get(e.iid) != text:

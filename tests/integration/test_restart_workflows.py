@@ -87,7 +87,8 @@ async def test_rolling_restart_under_load_pause_resume_and_second_start_refused(
             assert "new process identity" in e["checks"] and e["checks"][-1] == "final health"
             assert e["new_process_start"] == pytest.approx(res.engines[iid].new_process_start)
         listed = cli(temporal, "list", "--fleet", fleet)
-        assert wid in listed.stdout and "COMPLETED" in listed.stdout
+        row = next(line for line in listed.stdout.splitlines() if line.startswith(wid))
+        assert " completed " in row and " done " in row, listed.stdout
 
 
 async def _children_started_after_pause(handle: WorkflowHandle[Any, Any]) -> list[str]:
