@@ -24,12 +24,15 @@ from router.engines.legs import EngineClient
 from router.ha import settings as ha_settings
 from router.ha.service import HAService
 from router.journal import Journal
+from router.lifecycle.monitor import LifecycleMonitor
+from router.lifecycle.service import LifecycleService
 from router.lifecycle.wiring import install_control_auth, lifecycle_components
 from router.listeners import install_listener_split
 from router.metrics import MetricsRenderer, ServingStats
 from router.ops import Ops
 from router.probes import Prober
 from router.serving.handler import Serving
+from router.state import StateApi
 
 
 @dataclass
@@ -94,7 +97,13 @@ def journal_path(config: FleetConfig, options: RouterOptions) -> Path:
 def build_parts(core: RouterCore, options: RouterOptions) -> RouterParts:
     cfg = core.config
     engines = EngineClient(cfg, max_connections=options.max_concurrent)
-    breaker = Breaker(core.scheduler, core.clock, cfg.recovery.eject_after, emit=core.journal.append)
+    breaker = Breaker(
+        core.scheduler,
+        core.clock,
+        cfg.recovery.eject_after,
+        emit=core.journal.append,
+        quarantine_s=cfg.recovery.failure_quarantine_s,
+    )
     prober = Prober(core, breaker, engines, interval_s=options.probe_interval)
     stats = ServingStats()
     metrics = MetricsRenderer(core, stats, breaker)
@@ -120,14 +129,19 @@ def build_router(
     core.extras["parts"] = parts
     core.extras["options"] = options
 
+    lifecycle = lifecycle_components(core, parts)  # lifecycle: API + monitor (router/lifecycle/wiring.py)
+    service = next((c for c in lifecycle if isinstance(c, LifecycleService)), None)
+    monitor = next((c for c in lifecycle if isinstance(c, LifecycleMonitor)), None)
     components: list[Component] = [
         parts.engines,  # shared engine sessions: first to start, last to stop
         parts.serving,
         parts.ops,
         parts.prober,
         # --- lifecycle / HA components go here, e.g. LifecycleApi(core, parts), HAComponent(core, options)
-        *lifecycle_components(core, parts),  # lifecycle: API + monitor (router/lifecycle/wiring.py)
+        *lifecycle,
         ha_component(core, parts, options),  # HA: lease, handoff, state file, standby (router/ha)
+        # /narwhal/state + /narwhal/targets (router/state.py): read-only views over the others
+        StateApi(core, parts.breaker, service, monitor.health if monitor is not None else None),
     ]
     app = build_app(core, components, client_max_size=config.serving.max_request_bytes)
     install_control_auth(app, config)  # lifecycle: /narwhal/* bearer token (control.token_env)

@@ -22,6 +22,7 @@ from aiohttp import web
 from router import listeners, observability
 from router.assemble import RouterOptions, build_router
 from router.config import ConfigError, FleetConfig, load_fleet
+from router.config_keys import startup_report, unused_settings
 from router.ha import settings as ha_settings
 
 log = logging.getLogger("narwhal.serve")
@@ -89,6 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(
         level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # once at start-up: what the fleet file sets that this router accepts but does not act on
+    log.log(
+        logging.WARNING if unused_settings(config) else logging.INFO,
+        "%s: %s",
+        ns.fleet,
+        startup_report(config),
     )
     try:
         import uvloop

@@ -34,7 +34,12 @@ class RouterCore:
     demand_risk: DemandRisk = field(init=False)
 
     def __post_init__(self) -> None:
-        self.scheduler = Scheduler.from_specs(self.config.engines)
+        ctl = self.config.controller
+        self.scheduler = Scheduler.from_specs(
+            self.config.engines,
+            floors={"prefill": ctl.min_prefill, "decode": ctl.min_decode},
+            now=self.clock.monotonic,
+        )
         self.started_wall = self.clock.wall()
         self.started_mono = self.clock.monotonic()
         self.demand_risk = DemandRisk(self.clock)

@@ -83,7 +83,8 @@ class MetricsRenderer:
         c = core.counters.values
         reasons = core.counters.reasons
         out = ['narwhal_contract_info{contract="metrics",version="2"} 1']
-        for key in ("offered", "served", "cancelled", "invalid_requests", "unserved", "slo_met"):
+        # unserved / unsized_offered are not exported: never counted (router/config_keys.py)
+        for key in ("offered", "served", "cancelled", "invalid_requests", "slo_met"):
             out += _family(f"narwhal_{key}_total", "counter", f"Requests counted as {key}.")
             out.append(f"narwhal_{key}_total {c[key]}")
         out += _reasoned(
