@@ -44,6 +44,8 @@ USED: dict[str, str] = {
     "serving.prefill_timeout_s": "router/engines/legs.py",
     "serving.max_connections": "router/serving/handler.py",
     "serving.max_attempts": "router/serving/handler.py",
+    "serving.queue_capacity": "router/serving/handler.py",
+    "serving.queue_timeout_s": "router/serving/handler.py",
     "serving.max_request_bytes": "router/serving/handler.py",
     "serving.graceful_timeout_s": "router/cli.py",
     "recovery.state_path": "router/ha/settings.py",
@@ -76,9 +78,6 @@ UNUSED: dict[str, str] = {
     "engines[].shared_device": "device sharing is not modelled: placement and the breaker treat "
     "every engine as its own device",
     "engine.tokenize": "exact prompt sizing via /tokenize is not implemented",
-    "serving.queue_capacity": "the admission queue is not implemented: a request over "
-    "serving.max_connections is refused at once (429)",
-    "serving.queue_timeout_s": "the admission queue is not implemented",
     "serving.max_response_bytes": "engine responses are not size-limited yet",
     "serving.admission": "predictive admission is not implemented",
     "serving.retry_*": "retry tuning of Narwhal 0.7.0 is not implemented; serving.max_attempts is",

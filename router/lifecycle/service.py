@@ -19,6 +19,7 @@ from router.lifecycle.document import LifecycleDocument, build_document
 from router.lifecycle.machine import LifecycleError, LifecycleMachine, Verdict
 from router.lifecycle.models import LifecycleSection
 from router.lifecycle.readmission import Readmission
+from router.replicas.view import ReplicaPicture
 
 log = logging.getLogger("narwhal.lifecycle")
 EXTRAS_KEY = "lifecycle"
@@ -45,6 +46,7 @@ class LifecycleService:
         self.readmission = Readmission(core.config, core.scheduler, self.machine, self.control, eject=eject)
         self.lock = asyncio.Lock()
         self.persist_hooks: list[PersistHook] = []  # HA: write the handoff after lifecycle POSTs
+        self.replicas: ReplicaPicture | None = None  # active-active: the replica set's picture
         core.extras[EXTRAS_KEY] = self
 
     # -- component protocol (routes live in routes.py) ---------------------------------------
@@ -76,7 +78,7 @@ class LifecycleService:
 
     # -- views -------------------------------------------------------------------------------
     def document(self, error: str = "") -> LifecycleDocument:
-        return build_document(self.machine, self.core, error)
+        return build_document(self.machine, self.core, error, self.replicas)
 
     def _answer(self, status: int, error: str = "") -> Result:
         return status, self.document(error)
