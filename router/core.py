@@ -75,7 +75,9 @@ class RouterCore:
         if not self.identities_ready:
             return "engine identity validation pending"
         if not self.scheduler.eligible():
-            return "no available engines"
+            excluded = self.scheduler.excluded
+            detail = "; ".join(f"{iid} {why}" for iid, why in sorted(excluded.items()))
+            return f"no available engines ({detail})" if detail else "no available engines"
         return ""
 
     def health_status(self) -> str:
