@@ -24,11 +24,13 @@ from router.engines.legs import EngineClient
 from router.ha import settings as ha_settings
 from router.ha.service import HAService
 from router.journal import Journal
+from router.lifecycle.service import lifecycle_of
 from router.lifecycle.wiring import install_control_auth, lifecycle_components
 from router.listeners import install_listener_split
 from router.metrics import MetricsRenderer, ServingStats
 from router.ops import Ops
 from router.probes import Prober
+from router.replicas import wiring as replica_wiring
 from router.serving.handler import Serving
 
 
@@ -55,6 +57,11 @@ class RouterOptions:
     standby_probe_interval: float | None = None
     standby_takeover_after: int | None = None
     standby_max_handoff_age: float | None = None
+    # active-active (router/replicas/settings.py; None = fleet file ``ha`` value)
+    ha_mode: str | None = None
+    replica_ttl: float | None = None
+    replica_safety_margin: float | None = None
+    advertise_url: str | None = None
     # control listener (router/listeners.py; None = fleet file ``control.host`` / ``control.port``)
     control_host: str | None = None
     control_port: int | None = None
@@ -109,6 +116,13 @@ def ha_component(core: RouterCore, parts: RouterParts, options: RouterOptions) -
     return ha
 
 
+def active_active(
+    core: RouterCore, parts: RouterParts, options: RouterOptions, ha: HAService
+) -> list[Component]:
+    settings, endpoints = replica_wiring.settings_for(core.config, options, ha.settings)
+    return replica_wiring.replica_components(core, lifecycle_of(core), settings, endpoints, parts.prober)
+
+
 def build_router(
     config: FleetConfig, options: RouterOptions | None = None, clock: Clock | None = None
 ) -> tuple[web.Application, RouterCore]:
@@ -120,6 +134,7 @@ def build_router(
     core.extras["parts"] = parts
     core.extras["options"] = options
 
+    ha = ha_component(core, parts, options)
     components: list[Component] = [
         parts.engines,  # shared engine sessions: first to start, last to stop
         parts.serving,
@@ -127,7 +142,8 @@ def build_router(
         parts.prober,
         # --- lifecycle / HA components go here, e.g. LifecycleApi(core, parts), HAComponent(core, options)
         *lifecycle_components(core, parts),  # lifecycle: API + monitor (router/lifecycle/wiring.py)
-        ha_component(core, parts, options),  # HA: lease, handoff, state file, standby (router/ha)
+        ha,  # HA: lease, handoff, state file, standby (router/ha)
+        *active_active(core, parts, options, ha),  # every replica serves (router/replicas), or nothing
     ]
     app = build_app(core, components, client_max_size=config.serving.max_request_bytes)
     install_control_auth(app, config)  # lifecycle: /narwhal/* bearer token (control.token_env)

@@ -124,7 +124,8 @@ class LifecycleMonitor:
             self._task = None
 
     def _on_eject(self, iid: str, cause: str) -> None:
-        self.machine.require_restart_wave(f"engine {iid} was excluded")
+        if self.core.controls_fleet():  # active-active: a follower never mutates the lifecycle
+            self.machine.require_restart_wave(f"engine {iid} was excluded")
 
     # -- loop -------------------------------------------------------------------------------
     async def _run(self) -> None:

@@ -105,6 +105,7 @@ class ReplicaService:
         self.lease_id = 0
         self.registered = False
         self.on_holder_gone: list[Callable[[], Awaitable[None]]] = []  # takeover contenders
+        self.on_start: list[Callable[[], None]] = []  # adaptations of components started before us
         self.watch_errors = 0
         self.publishes = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -120,6 +121,8 @@ class ReplicaService:
         return None
 
     async def start(self) -> None:
+        for hook in self.on_start:
+            hook()
         self._spawn(self._keepalive_loop(), "narwhal-replica-keepalive")
         self._spawn(self._publish_loop(), "narwhal-replica-publish")
         self._spawn(self._watch_members(), "narwhal-replica-members")
@@ -137,6 +140,7 @@ class ReplicaService:
             with contextlib.suppress(EtcdError):
                 await self.client.lease_revoke(self.lease_id)
             self.lease_id = 0
+        await self.client.aclose()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
