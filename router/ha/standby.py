@@ -18,10 +18,11 @@ from typing import Any
 import httpx
 
 from router.core import RouterCore
-from router.ha import statefile, transfer
+from router.ha import statefile
 from router.ha.handoff import Handoff, HandoffError, HandoffVersionError, validate
 from router.ha.lease import Lease, LeaseError, LeaseRecord
 from router.ha.settings import HARuntime
+from router.ha.transfer import Handover
 
 log = logging.getLogger("narwhal.ha.standby")
 
@@ -90,12 +91,14 @@ class StandbyLoop:
         core: RouterCore,
         settings: HARuntime,
         lease: Lease,
+        handover: Handover,
         activate: Callable[[Lease], Awaitable[str]],
         client: httpx.AsyncClient | None = None,
     ) -> None:
         self.core = core
         self.settings = settings
         self.lease = lease
+        self.handover = handover  # applies the handoff at takeover (lifecycle + breaker)
         self.activate = activate  # starts renewal/persistence, validates identities; "" or why not
         self.primary = settings.standby_of.rstrip("/")
         self.client = client
@@ -188,7 +191,7 @@ class StandbyLoop:
         epoch = self.lease.epoch
         if doc.epoch != epoch - 1:
             return await self._refuse(f"handoff epoch {doc.epoch} cannot precede claimed epoch {epoch}")
-        applied, why = transfer.apply(self.core, doc)
+        applied, why = self.handover.apply(doc)
         if not applied:
             return await self._refuse(why)
         if not self.lease.valid():

@@ -1,8 +1,9 @@
 """The lifecycle service: drain / readmit / recovery handlers over the pure machine (spec §5.2, §6.1).
 
-It is the object attached to the core (``core.extras["lifecycle"]``, see :func:`lifecycle_of`) and
-the one HA calls: ``snapshot() -> LifecycleSection`` and ``restore(section)``. A single asyncio
-lock serializes every mutation (drain, readmit, recovery); reads never wait for it.
+``router/assemble.py`` hands it to HA as its ``LifecycleView`` (``snapshot() -> LifecycleSection``,
+``restore(section)``, ``require_restart_wave``) and registers HA's state-file write in
+``persist_hooks``. A single asyncio lock serializes every mutation (drain, readmit, recovery); reads
+never wait for it.
 """
 
 from __future__ import annotations
@@ -22,14 +23,13 @@ from router.lifecycle.readmission import Readmission
 from router.replicas.view import ReplicaPicture
 
 log = logging.getLogger("narwhal.lifecycle")
-EXTRAS_KEY = "lifecycle"
 NOT_CONTROLLING = "this router does not control the fleet"
 FENCED_DRAIN = "router control was fenced during drain"
 FENCED_VALIDATION = "router control was fenced during validation"
 VALIDATION_FAILED = "readmission validation failed"
 
 Result = tuple[int, LifecycleDocument]
-PersistHook = Callable[[], Awaitable[None] | None]
+PersistHook = Callable[[], object]  # may return an awaitable (awaited)
 
 
 class LifecycleService:
@@ -49,7 +49,6 @@ class LifecycleService:
         self.replicas: ReplicaPicture | None = None  # active-active: the replica set's picture
         # active-active: waits until every live replica applied the last commit; "" or why not
         self.acknowledge: Callable[[], Awaitable[str]] | None = None
-        core.extras[EXTRAS_KEY] = self
 
     # -- component protocol (routes live in routes.py) ---------------------------------------
     def add_routes(self, app: Any) -> None:
@@ -163,9 +162,3 @@ class LifecycleService:
             ok, _ = await self._validate(targets, wave)
             await self._persist()
             return ok
-
-
-def lifecycle_of(core: RouterCore) -> LifecycleService | None:
-    """The lifecycle service attached to ``core`` (None when the router runs without one)."""
-    service = core.extras.get(EXTRAS_KEY)
-    return service if isinstance(service, LifecycleService) else None

@@ -83,7 +83,7 @@ async def trio(etcd_cluster: EtcdCluster, etcd_prefix: str) -> AsyncIterator[lis
 
 async def commit(holder: Replica) -> int:
     """The holder's commit of its state (what the HA backend's fenced write puts)."""
-    doc = transfer.build(holder.core)
+    doc = transfer.build(holder.core, holder.lifecycle)
     key = holder.service.settings.handoff_key
     return await holder.client.put(key, doc.model_dump_json(by_alias=True).encode())
 
