@@ -24,6 +24,7 @@ from router.app import Component, build_app
 from router.breaker import Breaker
 from router.clock import Clock, SystemClock
 from router.config import FleetConfig
+from router.context_limits import ContextLimits
 from router.core import RouterCore
 from router.engines.legs import EngineClient
 from router.ha import settings as ha_settings
@@ -125,6 +126,7 @@ class Router:
     lifecycle: LifecycleService
     monitor: LifecycleMonitor
     ha: HAService
+    context: ContextLimits
     replicas: list[Component] = field(default_factory=list)  # active-active (router/replicas), or none
     app: web.Application = field(init=False)  # built from ``components()`` by ``assemble``
 
@@ -135,6 +137,7 @@ class Router:
             p.serving,
             p.ops,
             p.prober,
+            self.context,  # max_tokens bound from the engines' max_model_len
             self.lifecycle,  # /narwhal/lifecycle (router/lifecycle)
             self.monitor,  # identity / liveness / readmission / handoff stages
             self.ha,  # lease, handoff, state file, standby (router/ha)
@@ -163,7 +166,7 @@ def assemble(config: FleetConfig, options: RouterOptions | None = None, clock: C
     parts.metrics.extra_metric_sources.append(ha.metric_lines)
     settings, endpoints = replica_wiring.settings_for(config, options, ha.settings)
     replicas = replica_wiring.replica_components(core, life.service, settings, endpoints, parts.prober)
-    router = Router(core, options, parts, life.service, life.monitor, ha, replicas)
+    router = Router(core, options, parts, life.service, life.monitor, ha, ContextLimits(core), replicas)
     router.app = build_app(core, router.components(), client_max_size=config.serving.max_request_bytes)
     router.app[ROUTER_KEY] = router
     install_control_auth(router.app, config)  # lifecycle: /narwhal/* bearer token (control.token_env)

@@ -27,6 +27,10 @@ class RouterCore:
     counters: Counters = field(default_factory=Counters)
     identities_ready: bool = True  # false until the startup/takeover identity check passes
     monitoring_degraded: str = ""  # "<stage> <Class>" while monitoring is degraded
+    # why the last state write failed ("" = persisted): lifecycle changes are refused, serving goes on
+    persist_degraded: str = ""
+    # the smallest max_model_len the engines report (router/context_limits.py); None: not reported
+    model_context: int | None = None
     started_wall: float = field(init=False)
     started_mono: float = field(init=False)
     # consolidation-risk events (spec §9.3): serving records "first_token_timeout" here
@@ -37,6 +41,11 @@ class RouterCore:
         self.started_wall = self.clock.wall()
         self.started_mono = self.clock.monotonic()
         self.demand_risk = DemandRisk(self.clock)
+
+    def max_tokens_limit(self) -> int | None:
+        """The largest ``max_tokens`` a request may ask for (None: unbounded)."""
+        limits = [v for v in (self.config.serving.max_tokens_limit, self.model_context) if v is not None]
+        return min(limits) if limits else None
 
     # -- predicates (spec §3.4) -------------------------------------------------------------
     def controls_fleet(self) -> bool:
