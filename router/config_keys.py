@@ -48,6 +48,7 @@ USED: dict[str, str] = {
     "serving.queue_timeout_s": "router/serving/handler.py",
     "serving.max_request_bytes": "router/serving/handler.py",
     "serving.graceful_timeout_s": "router/cli.py",
+    "serving.max_tokens_limit": "router/context_limits.py",
     "recovery.state_path": "router/ha/settings.py",
     "recovery.resume": "router/ha/settings.py",
     "recovery.engine_restart_policy": "router/lifecycle/machine.py",
@@ -72,6 +73,11 @@ USED: dict[str, str] = {
     "ha.standby_probe_interval_s": "router/ha/settings.py",
     "ha.standby_takeover_after": "router/ha/settings.py",
     "ha.standby_max_handoff_age_s": "router/ha/settings.py",
+    "ha.mode": "router/replicas/settings.py",
+    "ha.replica_ttl_s": "router/replicas/settings.py",
+    "ha.replica_safety_margin_s": "router/replicas/settings.py",
+    "ha.replica_ack_timeout_s": "router/replicas/settings.py",
+    "ha.advertise_url": "router/replicas/settings.py",
 }
 
 UNUSED: dict[str, str] = {

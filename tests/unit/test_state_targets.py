@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from router.assemble import RouterOptions, build_router
+from router.assemble import ROUTER_KEY, RouterOptions, build_router
 from router.clock import FakeClock
 from router.config import parse_fleet
 from router.core import RouterCore
@@ -112,8 +112,8 @@ async def test_targets_route_and_state_document(
 async def test_quarantine_after_a_leg_failure_is_timed_and_visible(
     router: tuple[TestClient[Any, Any], RouterCore, FakeClock],
 ) -> None:
-    client, core, clock = router
-    breaker = core.extras["parts"].breaker
+    client, _, clock = router
+    breaker = client.app[ROUTER_KEY].parts.breaker
     breaker.record_failure("e1", "timeout")
     doc = await (await client.get("/narwhal/state")).json()
     e1 = doc["scheduler"]["engines"]["e1"]
@@ -139,8 +139,8 @@ async def test_quarantine_after_a_leg_failure_is_timed_and_visible(
 async def test_quarantine_spares_the_engine_a_role_floor_needs(
     router: tuple[TestClient[Any, Any], RouterCore, FakeClock],
 ) -> None:
-    _, core, _ = router
-    breaker = core.extras["parts"].breaker
+    client, core, _ = router
+    breaker = client.app[ROUTER_KEY].parts.breaker
     breaker.record_failure("e0", "timeout")  # e0 out: e1 (unpinned) still serves prefill
     assert "e0" in core.scheduler.quarantined
     breaker.record_failure("e1", "timeout")  # e1 is now the last engine able to serve prefill

@@ -46,7 +46,7 @@ class Pair:
 
     def commit(self) -> Handoff:
         self.version += 1
-        doc = transfer.build(self.holder)
+        doc = transfer.build(self.holder, self.hs)
         result = self.follower.apply(self.version, doc)
         assert result.applied, result.reason
         self.replicas.version = self.follower.version
@@ -117,7 +117,7 @@ def test_versions_only_move_forward_and_a_foreign_state_blocks_placement() -> No
     p = Pair()
     doc = p.commit()
     assert not p.follower.apply(1, doc).applied  # the same version again
-    foreign = transfer.build(router(fleet(model="other"))[0])
+    foreign = transfer.build(*router(fleet(model="other")))
     result = p.follower.apply(7, foreign)
     assert not result.applied and "is not the configured model" in result.reason
     assert p.follower.blocked.startswith("cannot follow the holder's lifecycle state: handoff model")
@@ -131,12 +131,12 @@ def test_hold_versions_remember_the_first_version_of_each_hold() -> None:
     holds = HoldVersions()
     p = Pair()
     p.drain("e0")
-    holds.observe(transfer.build(p.holder).lifecycle, 4)
-    holds.observe(transfer.build(p.holder).lifecycle, 9)
+    holds.observe(transfer.build(p.holder, p.hs).lifecycle, 4)
+    holds.observe(transfer.build(p.holder, p.hs).lifecycle, 9)
     assert holds.of("e0", 0) == 4 and holds.of("e1", 99) == 99
     p.hs.machine.mark_validating(["e0"], False)
     p.hs.machine.complete_validation({"e0": Verdict(process_start=2000.0)})
-    section = transfer.build(p.holder).lifecycle
+    section = transfer.build(p.holder, p.hs).lifecycle
     holds.observe(section, 10)
     assert holds.of("e0", 11) == 11  # readmitted: a later drain gets its own version
     assert readmitted_between(None, section) == ["e0"]
