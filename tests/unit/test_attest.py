@@ -177,3 +177,23 @@ async def test_contract_version_mismatch_never_binds() -> None:
     assert not await sidecar.try_bind()
     assert sidecar.status == "unbound" and "contract engine_version" in sidecar.reason
     await sidecar.reader.close()
+
+
+def test_docs_vllm_fleet_file_and_sidecar_flags_are_real() -> None:
+    import re
+
+    from fleet.attest.cli import build_parser
+    from router.config import parse_fleet
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "vllm.md").read_text(encoding="utf-8")
+    block = re.search(r"## 4\. The fleet file\n\n```json\n(.*?)```", text, re.DOTALL)
+    assert block is not None
+    doc = json.loads(block.group(1))
+    doc["engine_contract"] = dict(CONTRACT)
+    cfg = parse_fleet(doc)
+    assert cfg.engines[0].attestation_url.endswith(":8101/v1/attestation")
+    flags = {a for action in build_parser()._actions for a in action.option_strings}
+    for used in set(re.findall(r"narwhal-attest[^`]*?(--[a-z-]+)", text, re.DOTALL)) | {
+        "--engine-url", "--engine-pid", "--contract", "--host", "--port", "--bind-interval"
+    }:  # fmt: skip
+        assert used in flags, used
