@@ -54,7 +54,9 @@ def test_engines_not_serving_the_model_are_not_eligible_and_say_why(tmp_path: Pa
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 2, model="sim-model")
         # the case: the fleet names another model than the engines were started with
-        fleet = write_fleet(tmp_path, sims, model="narwhal/sim-1b", extra=FAST)
+        fleet = write_fleet(
+            tmp_path, sims, model="narwhal/sim-1b", extra={**FAST, "engine": {"tokenize": True}}
+        )
         router = start_router(group, fleet, tmp_path)
         want = (
             "no available engines (e0 serves ['sim-model'], expected narwhal/sim-1b; "
@@ -74,6 +76,9 @@ def test_engines_not_serving_the_model_are_not_eligible_and_say_why(tmp_path: Pa
             router.url + "/v1/completions", json={"model": "narwhal/sim-1b", "prompt": "x", "max_tokens": 2}
         )
         assert r.status_code == 503  # refused as not ready, never a 502 from the engine
+        # the fleet sets engine.tokenize, which this router accepts without acting on: said once
+        lines = [line for line in router.proc.output().splitlines() if "accepted, not used: " in line]
+        assert len(lines) == 1 and str(fleet) in lines[0] and "engine.tokenize (" in lines[0], lines
 
 
 def test_one_engine_with_the_wrong_model_is_held_out_until_it_serves_it(tmp_path: Path) -> None:
