@@ -23,6 +23,7 @@ from router import listeners, observability
 from router.assemble import RouterOptions, build_router
 from router.config import ConfigError, FleetConfig, load_fleet
 from router.ha import settings as ha_settings
+from router.logs import setup_logging
 
 log = logging.getLogger("narwhal.serve")
 
@@ -87,9 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"narwhal-serve: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(options.log_level)  # httpx per-request lines (standby polls) only at debug
     try:
         import uvloop
 

@@ -13,3 +13,12 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+# jq (tests only: the operator guide's jq expressions run with the real jq).
+if ! command -v jq >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends jq >/dev/null
+  else
+    echo "bootstrap: jq is not installed (needed by the tests): apt-get install jq" >&2
+  fi
+fi
