@@ -16,6 +16,7 @@ from typing import Any
 
 from router.attestation import build_attestation
 from router.config import CONTRACT_FIELDS, LEGACY_CONTRACT_NAMES
+from router.engines.identity import same_process
 
 PID_START_SLACK_S = 1.0  # the engine reports its start a little after the kernel's (imports, clocks)
 SIDECAR = "narwhal-attest"
@@ -101,7 +102,7 @@ def change_problem(bound: Observation, now: Observation, pid: int | None) -> str
     if pid is not None and now.pid_start is not None and bound.pid_start is not None:
         if abs(now.pid_start - bound.pid_start) > 1e-3:
             return f"PID {pid} is now another process (started {now.pid_start!r}, bound {bound.pid_start!r})"
-    if now.process_start != bound.process_start:
+    if not same_process(now.process_start, bound.process_start):
         return (
             f"the engine process changed since {SIDECAR} bound it (process start {bound.process_start!r}"
             f" -> {now.process_start!r}); restart {SIDECAR} to bind the new process"

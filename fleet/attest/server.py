@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,9 +25,9 @@ from aiohttp import web
 
 from fleet.attest import proc
 from fleet.attest.binding import Observation, attestation_for, bind_problem, change_problem
+from router.engines.identity import ProcessStartError, read_process_start
 
 log = logging.getLogger("narwhal.attest")
-_START_RE = re.compile(r"^process_start_time_seconds(?:\{[^}]*\})?\s+(\S+)", re.MULTILINE)
 _JSON = "application/json"
 
 
@@ -89,10 +87,10 @@ class EngineReader:
             raise EngineUnreachable("engine /version is not a JSON object") from None
         if not isinstance(version, str) or not version:
             raise EngineUnreachable("engine /version has no version string")
-        match = _START_RE.search((await self._get("/metrics")).text)
-        start = float(match.group(1)) if match else math.nan
-        if not math.isfinite(start) or start <= 0:
-            raise EngineUnreachable("engine /metrics has no finite positive process_start_time_seconds")
+        try:
+            start = read_process_start((await self._get("/metrics")).text)
+        except ProcessStartError as exc:
+            raise EngineUnreachable(f"engine {exc}") from None
         served: tuple[str, ...] = ()
         if models:
             try:
