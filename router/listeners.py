@@ -23,6 +23,7 @@ import orjson
 from aiohttp import web
 
 from router.config import ConfigError, FleetConfig
+from router.connections import CONTROL_EXTRA, ConnectionGuard, GuardedSite
 
 CONTROL_PREFIX = "/narwhal/"
 CONTROL_OPS = frozenset({"/health", "/ready", "/metrics"})
@@ -98,12 +99,20 @@ def install_listener_split(app: web.Application, config: FleetConfig, options: o
 
 
 async def start_control_site(
-    runner: web.BaseRunner, config: FleetConfig, options: object
+    runner: web.BaseRunner, config: FleetConfig, options: object, guard: ConnectionGuard | None = None
 ) -> ControlListener | None:
-    """Bind the control listener on ``runner`` (after the client site); None when not configured."""
+    """Bind the control listener on ``runner`` (after the client site); None when not configured.
+
+    With a ``guard`` the listener may hold ``CONTROL_EXTRA`` connections beyond the client bound, so
+    operators and the standby get in while the client listener is full."""
     listener = control_listener(config, options)
     if listener is None:
         return None
-    site = web.TCPSite(runner, listener.host, listener.port, backlog=128, reuse_address=True)
+    site: web.TCPSite
+    if guard is not None:
+        site = GuardedSite(runner, listener.host, listener.port, guard, CONTROL_EXTRA, backlog=128,
+                           reuse_address=True)  # fmt: skip
+    else:
+        site = web.TCPSite(runner, listener.host, listener.port, backlog=128, reuse_address=True)
     await site.start()
     return listener
