@@ -106,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 async def serve(config: FleetConfig, options: RouterOptions) -> None:
     app, core = build_router(config, options)
+    if warning := listeners.open_control_warning(config, options):
+        log.warning("%s", warning)
     observability.install(app, core)  # OpenTelemetry only when OTEL_EXPORTER_OTLP_ENDPOINT is set
     graceful = (
         options.graceful_timeout

@@ -16,6 +16,7 @@ Without a control port nothing changes: every route is on the one listener.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -57,6 +58,32 @@ def control_listener(config: FleetConfig, options: object) -> ControlListener | 
     if port == getattr(options, "port", None):
         raise ConfigError(f"control port {port} is the client --port: the listeners need distinct ports")
     return ControlListener(host, port)
+
+
+def is_loopback(host: str) -> bool:
+    """True for a loopback address or ``localhost``; an empty host or a wildcard is not."""
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname: it may resolve anywhere
+
+
+def open_control_warning(config: FleetConfig, options: object) -> str:
+    """A start-up warning when ``/narwhal/*`` is reachable beyond loopback without a token, else ""."""
+    if config.control.token_env:
+        return ""
+    listener = control_listener(config, options)
+    host = listener.host if listener is not None else str(getattr(options, "host", "127.0.0.1"))
+    if is_loopback(host):
+        return ""
+    where = "control listener" if listener is not None else "client listener"
+    return (
+        f"control plane is open: /narwhal/* (drain, readmit, handoff) is served on the {where} {host} "
+        "without a token; anyone who can reach it can drain the fleet. Set control.token_env (and "
+        "control.port for a separate, unpublished listener)"
+    )
 
 
 def is_control_path(path: str) -> bool:
