@@ -24,6 +24,7 @@ from router.assemble import ROUTER_KEY, RouterOptions, build_router
 from router.config import ConfigError, FleetConfig, load_fleet
 from router.connections import ConnectionGuard, GuardedSite, nofile_limit
 from router.ha import settings as ha_settings
+from router.logs import setup_logging
 from router.replicas import settings as replica_settings
 from router.replicas import wiring as replica_wiring
 
@@ -92,9 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"narwhal-serve: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(options.log_level)  # httpx per-request lines (standby polls) only at debug
     try:
         import uvloop
 
