@@ -22,8 +22,8 @@ from aiohttp import web
 from router import listeners, observability
 from router.assemble import ROUTER_KEY, RouterOptions, build_router
 from router.config import ConfigError, FleetConfig, load_fleet
-from router.connections import ConnectionGuard, GuardedSite, nofile_limit
 from router.config_keys import startup_report, unused_settings
+from router.connections import ConnectionGuard, GuardedSite, nofile_limit
 from router.ha import settings as ha_settings
 from router.logs import setup_logging
 from router.replicas import settings as replica_settings
