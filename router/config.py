@@ -145,6 +145,8 @@ class HASettings(_Frozen):
     """Lease settings (our extension, ``ha`` key); CLI flags override them."""
 
     lease_path: str = ""
+    etcd_endpoints: str = ""
+    etcd_prefix: str = ""
     router_id: str = ""
     lease_ttl_s: float = 5.0
     lease_renew_interval_s: float = 1.0

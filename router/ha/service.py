@@ -26,18 +26,22 @@ from aiohttp import web
 
 from router.core import RouterCore
 from router.ha import statefile, transfer
+from router.ha.etcd_lease import EtcdKeyRefused
 from router.ha.handoff import Handoff
-from router.ha.lease import Lease, LeaseError
+from router.ha.lease import LeaseError
+from router.ha.lease_backend import ControlLease, PersistError, SharedHandoff, build_backend
 from router.ha.settings import HARuntime
 from router.ha.standby import StandbyLoop
 
 log = logging.getLogger("narwhal.ha")
 RENEWAL_FAILED = "lease renewal failed"
+ETCD_UNAVAILABLE = "etcd unavailable"
 
 
-def resume_epoch_problem(doc: Handoff, claimed: int) -> str:
-    """With a lease, only the document of the epoch just before ours may be resumed."""
-    if doc.epoch == claimed - 1:
+def resume_epoch_problem(doc: Handoff, claimed: int, fenced_store: bool = False) -> str:
+    """With a lease, only the document of the epoch just before ours may be resumed. From a fenced
+    store (etcd) any older epoch is fine too: no holder since could have written anything else."""
+    if doc.epoch == claimed - 1 or (fenced_store and doc.epoch < claimed):
         return ""
     if doc.epoch < claimed - 1:
         return f"handoff epoch {doc.epoch} is older than the fleet's last lease epoch {claimed - 1}"
@@ -45,15 +49,18 @@ def resume_epoch_problem(doc: Handoff, claimed: int) -> str:
 
 
 class HAService:
-    def __init__(self, core: RouterCore, settings: HARuntime, lease: Lease | None = None) -> None:
+    def __init__(
+        self,
+        core: RouterCore,
+        settings: HARuntime,
+        lease: ControlLease | None = None,
+        shared: SharedHandoff | None = None,
+    ) -> None:
         self.core = core
         self.settings = settings
-        lease_settings = settings.lease_settings()
-        self.lease = (
-            lease
-            if lease is not None
-            else (Lease(lease_settings, clock=core.clock) if lease_settings else None)
-        )
+        built_lease, built_shared, self.etcd_client = build_backend(settings, core.clock)
+        self.lease: ControlLease | None = lease if lease is not None else built_lease
+        self.shared: SharedHandoff | None = shared if shared is not None else built_shared
         core.control.lease = self.lease  # unowned until claimed: no control before start()
         self.standby_loop: StandbyLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -78,16 +85,20 @@ class HAService:
         if isinstance(hooks, list) and self.persist not in hooks:
             hooks.append(self.persist)  # the state file follows every lifecycle change
         if self.settings.standby_of:
-            assert self.lease is not None  # HARuntime: --standby-of requires --lease-path
+            assert self.lease is not None  # HARuntime: --standby-of requires a lease
             control.standby = True
-            self.standby_loop = StandbyLoop(self.core, self.settings, self.lease, self._activate)
+            self.standby_loop = StandbyLoop(
+                self.core, self.settings, self.lease, self._activate, shared=self.shared
+            )
             self._spawn(self.standby_loop.run(), "narwhal-standby")
-            log.info("standby of %s (lease %s)", self.settings.standby_of, self.settings.lease_path)
+            log.info("standby of %s (lease %s)", self.settings.standby_of, self.lease.describe())
             return
         if self.lease is not None and not await self._claim_at_start(self.lease):
-            return  # fenced: no resume, no renewal, never a second claim
+            if self.lease.reclaims:  # etcd: claim again once etcd answers and the holder key is free
+                self._spawn(self._reclaim_loop(self.lease), "narwhal-lease-reclaim")
+            return  # file lease: fenced, no resume, no renewal, never a second claim
         if self.settings.resume:
-            self.resume()
+            await self.resume()
         self._start_loops()
 
     async def stop(self) -> None:
@@ -103,84 +114,176 @@ class HAService:
         self._stopping = True
         async with self._write_lock:  # a monitor-pass write still in flight lands first
             if controlled and self.core.controls_fleet():
-                self.persist()  # final snapshot with the latest counters
+                with contextlib.suppress(PersistError):
+                    await self._persist_now()  # final snapshot with the latest counters
         if self.lease is not None and self.lease.owned:
-            await asyncio.to_thread(self.lease.release)
+            await self.lease.release()
+        if self.etcd_client is not None:
+            await self.etcd_client.aclose()
 
     async def _on_shutdown(self, _: web.Application) -> None:
         self._controlled_at_shutdown = self.core.controls_fleet()
 
     # -- lease -----------------------------------------------------------------------------------
-    async def _claim_at_start(self, lease: Lease) -> bool:
+    async def _claim_at_start(self, lease: ControlLease) -> bool:
         control = self.core.control
         try:
-            claimed = await asyncio.to_thread(lease.claim)
+            claimed = await lease.claim()
+        except EtcdKeyRefused as exc:
+            control.fence(str(exc))
+            log.error("router fenced: %s", exc)
+            return False
         except LeaseError as exc:
-            control.fence(f"lease unavailable: {exc}")
+            control.fence(f"{ETCD_UNAVAILABLE}: {exc}" if lease.reclaims else f"lease unavailable: {exc}")
             log.error("router fenced: %s", control.failover_blocked)
             return False
         if not claimed:
             control.fence("lease held by another router")
-            log.error("router fenced: lease %s held by another router", self.settings.lease_path)
+            log.error("router fenced: lease %s held by another router", lease.describe())
             return False
         log.info("lease claimed: epoch %d holder %s", lease.epoch, lease.holder)
         return True
 
-    async def _renew_loop(self, lease: Lease) -> None:
+    async def _renew_loop(self, lease: ControlLease) -> None:
+        """Renew every interval. The file lease fences on the first failure (peer rule); etcd
+        retries until the local validity runs out, so a leader election costs nothing."""
+        interval = self.settings.lease_renew_interval_s
         while lease.owned:
-            await asyncio.sleep(self.settings.lease_renew_interval_s)
+            await asyncio.sleep(interval)
             if not lease.owned:
-                return
-            if await asyncio.to_thread(lease.renew):
+                break
+            if await lease.renew():
                 continue
-            self.core.control.fence(RENEWAL_FAILED)
-            log.error("router fenced: lease renewal failed for epoch %d", lease.epoch)
+            while lease.reclaims and lease.owned and lease.valid():
+                await asyncio.sleep(min(0.1, interval / 4))
+                if await lease.renew():
+                    break
+            if lease.owned and lease.valid():
+                continue
+            self.core.control.fence(RENEWAL_FAILED if not lease.reclaims else self._etcd_reason(lease))
+            log.error(
+                "router fenced: lease renewal failed for epoch %d (%s)", lease.epoch, self._etcd_reason(lease)
+            )
+            break
+        if lease.reclaims and not self._stopping:
+            await lease.release()  # best effort: the next claim takes a new epoch
+            await self._reclaim_loop(lease)
+
+    @staticmethod
+    def _etcd_reason(lease: ControlLease) -> str:
+        why = getattr(lease, "last_error", "") or "lease lost"
+        return f"{ETCD_UNAVAILABLE}: {why}" if "unavailable" in why else f"{RENEWAL_FAILED}: {why}"
+
+    async def _reclaim_loop(self, lease: ControlLease) -> None:
+        """etcd: claim again (epoch + 1) once etcd answers and nobody holds the lease, then take
+        over with the handoff stored in etcd. Waits on a watch of the holder key, not a poll."""
+        control = self.core.control
+        interval = self.settings.lease_renew_interval_s
+        while not self._stopping:
+            try:
+                claimed = await lease.claim()
+            except EtcdKeyRefused as exc:
+                control.fence(str(exc))
+                await lease.wait_vacant(self.settings.lease_ttl_s)
+                continue
+            except LeaseError as exc:
+                control.fence(f"{ETCD_UNAVAILABLE}: {exc}")
+                await asyncio.sleep(interval)
+                continue
+            if not claimed:
+                control.fence("lease held by another router")
+                await lease.wait_vacant(self.settings.lease_ttl_s)
+                continue
+            why = await self._adopt_stored_handoff(lease)
+            if why:
+                control.fence(why)
+                log.error("router fenced: %s", why)
+                await lease.release()
+                await lease.wait_vacant(self.settings.lease_ttl_s)
+                continue
+            control.take_control(lease)
+            log.warning("lease claimed again: epoch %d holder %s", lease.epoch, lease.holder)
+            self._start_loops()
+            with contextlib.suppress(PersistError):
+                await self._persist_now()
             return
 
+    async def _adopt_stored_handoff(self, lease: ControlLease) -> str:
+        """After a re-claim: apply the stored handoff unless it is this process's own (our memory
+        is at least as fresh: nothing is acknowledged before it is stored). "" or why not."""
+        if self.shared is None:
+            return ""
+        try:
+            doc = await self.shared.read()
+        except (LeaseError, ValueError) as exc:
+            return f"stored handoff unusable: {exc}"
+        if doc is None or doc.holder == lease.holder:
+            return ""
+        if doc.epoch >= lease.epoch:
+            return f"handoff epoch {doc.epoch} cannot precede claimed epoch {lease.epoch}"
+        applied, why = transfer.apply(self.core, doc)
+        return "" if applied else why
+
     # -- persistence -----------------------------------------------------------------------------
-    def persist(self) -> bool:
-        """Write the live handoff to ``recovery.state_path``; only the controlling router writes."""
+    async def persist(self) -> bool:
+        """Make the live handoff durable now: the shared copy (file beside the lease, or the fenced
+        etcd write), then ``recovery.state_path``. False when this router does not control the
+        fleet; raises ``PersistError`` when the shared copy did not commit (no acknowledgement)."""
         if not self.core.controls_fleet():
             return False
+        async with self._write_lock:
+            await self._persist_now()
+        return True
+
+    async def _persist_now(self) -> None:
         try:
-            self._write_both(transfer.build(self.core))
+            doc = transfer.build(self.core)
+        except ValueError as exc:
+            self.persist_failures += 1
+            raise PersistError(f"handoff invalid: {exc}") from None
+        if self.shared is not None:
+            try:
+                await self.shared.write(doc)
+            except PersistError as exc:
+                self.persist_failures += 1
+                log.warning("%s", exc)
+                raise
+        try:
+            await asyncio.to_thread(statefile.write, self.settings.state_path, doc)
         except (OSError, ValueError) as exc:
             self.persist_failures += 1
             log.warning("cannot write handoff %s: %s", self.settings.state_path, exc)
-            return False
-        return True
-
-    def _write_both(self, doc: Handoff) -> None:
-        """Own state file, and (with a lease) the shared copy the standby reads at takeover."""
-        statefile.write(self.settings.state_path, doc)
-        if self.settings.lease_path:
-            statefile.write(statefile.shared_handoff_path(self.settings.lease_path), doc)
+            if self.shared is None:
+                raise PersistError(f"state file {self.settings.state_path} not written: {exc}") from None
 
     async def write_handoff(self) -> None:
-        """The periodic write (monitor stage ``handoff``); raises when the state file cannot be written."""
+        """The periodic write (monitor stage ``handoff``); raises when the state cannot be written."""
         async with self._write_lock:
             if self._stopping or not self.core.controls_fleet():
                 return
-            try:
-                doc = transfer.build(self.core)
-                await asyncio.to_thread(self._write_both, doc)
-            except (OSError, ValueError) as exc:
-                self.persist_failures += 1
-                log.warning("cannot write handoff %s: %s", self.settings.state_path, exc)
-                raise
+            await self._persist_now()
 
     async def _persist_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.persist_interval_s)
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(PersistError):
                 await self.write_handoff()
 
-    def resume(self) -> tuple[bool, str]:
-        """``--resume``: apply the state file, all or nothing; a refusal is logged with its reason."""
+    async def resume(self) -> tuple[bool, str]:
+        """``--resume``: apply the state file (etcd backend: the handoff stored in etcd, the local
+        file only when etcd holds none), all or nothing; a refusal is logged with its reason."""
         path = Path(self.settings.state_path)
-        doc, why = statefile.load_reason(path)
+        doc, why = await asyncio.to_thread(statefile.load_reason, path)
+        from_etcd = self.etcd_client is not None and self.shared is not None
+        if from_etcd and self.shared is not None:
+            try:
+                stored = await self.shared.read()
+            except (LeaseError, ValueError) as exc:
+                stored, doc, why = None, None, f"etcd handoff unusable: {exc}"
+            if stored is not None:
+                doc, why = stored, ""
         if doc is not None and self.lease is not None and self.lease.owned:
-            why = resume_epoch_problem(doc, self.lease.epoch)
+            why = resume_epoch_problem(doc, self.lease.epoch, fenced_store=from_etcd)
         applied = False
         if not why:
             applied, why = transfer.apply(self.core, doc)
@@ -190,7 +293,7 @@ class HAService:
             return applied, why
         log.warning("handoff not applied (%s): %s", path, why)
         self._keep_rejected(path)
-        if self.core.config.engine_contract is not None and path.exists():
+        if self.core.config.engine_contract is not None and await asyncio.to_thread(path.exists):
             self._restart_wave(f"handoff rejected: {why}")
         return applied, why
 
@@ -215,7 +318,7 @@ class HAService:
             self.core.scheduler.fleet_hold = f"whole-wave restart required: {reason}"
 
     # -- takeover (called by the standby loop once the lease is ours and the handoff applied) ----
-    async def _activate(self, lease: Lease) -> str:
+    async def _activate(self, lease: ControlLease) -> str:
         core = self.core
         core.control.take_control(lease)
         check = core.extras.get("identity_check")
@@ -236,7 +339,8 @@ class HAService:
         loop = self.standby_loop
         if loop is not None and loop.last_good_mono is not None:
             self.takeover_gap_s = core.clock.monotonic() - loop.last_good_mono
-        self.persist()
+        with contextlib.suppress(PersistError):
+            await self.persist()
         return ""
 
     def _start_loops(self) -> None:
@@ -275,6 +379,8 @@ class HAService:
             "epoch": control.epoch,
             "holder": control.holder,
             "lease_path": self.settings.lease_path,
+            "lease_backend": "etcd" if self.settings.etcd_endpoints else ("file" if self.lease else ""),
+            "lease": self.lease.describe() if self.lease is not None else "",
             "lease_valid": lease.valid() if lease is not None else None,
             "lease_remaining_s": round(lease.remaining(), 3) if lease is not None else None,
             "standby_of": self.settings.standby_of,

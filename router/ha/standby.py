@@ -20,7 +20,8 @@ import httpx
 from router.core import RouterCore
 from router.ha import statefile, transfer
 from router.ha.handoff import Handoff, HandoffError, HandoffVersionError, validate
-from router.ha.lease import Lease, LeaseError, LeaseRecord
+from router.ha.lease import LeaseError, LeaseRecord
+from router.ha.lease_backend import ControlLease, SharedHandoff
 from router.ha.settings import HARuntime
 
 log = logging.getLogger("narwhal.ha.standby")
@@ -71,6 +72,15 @@ def freshest(polled: Handoff | None, shared: Handoff | None, lease: LeaseRecord 
     return polled
 
 
+def fresher(polled: Handoff | None, stored: Handoff | None) -> Handoff | None:
+    """Of two authentic documents (the poll and a fenced store's copy), the newer (epoch, at)."""
+    if stored is None:
+        return polled
+    if polled is None or (stored.epoch, stored.at) > (polled.epoch, polled.at):
+        return stored
+    return polled
+
+
 def control_headers(core: RouterCore) -> dict[str, str]:
     """The pair shares one fleet file: poll the primary with the fleet's control token, if any
     (with ``control.protect_reads`` the primary's /narwhal/handoff requires it)."""
@@ -89,10 +99,12 @@ class StandbyLoop:
         self,
         core: RouterCore,
         settings: HARuntime,
-        lease: Lease,
-        activate: Callable[[Lease], Awaitable[str]],
+        lease: ControlLease,
+        activate: Callable[[ControlLease], Awaitable[str]],
         client: httpx.AsyncClient | None = None,
+        shared: SharedHandoff | None = None,
     ) -> None:
+        self.shared = shared  # the holder's shared handoff (file beside the lease, or etcd)
         self.core = core
         self.settings = settings
         self.lease = lease
@@ -123,7 +135,7 @@ class StandbyLoop:
         if h_status != 200:
             return ProbeResult(False, f"primary /narwhal/handoff answered {h_status}")
         try:
-            record = await asyncio.to_thread(self.lease.peek)
+            record = await self.lease.peek()
         except LeaseError as exc:
             return ProbeResult(False, f"lease unreadable: {exc}")
         return judge_probe(status, body, h_body, record, self.core.clock.wall())
@@ -169,24 +181,42 @@ class StandbyLoop:
             if own_client:
                 await client.aclose()
             if self.core.control.standby and self.lease.owned:
-                await asyncio.to_thread(self.lease.release)
+                await self.lease.release()
 
     async def try_takeover(self) -> bool:
         """One takeover attempt; True when the loop must end (took over, or refused for good)."""
         control, clock = self.core.control, self.core.clock
-        doc = self.doc = await self._freshest()
-        if doc is None or clock.wall() - doc.at > self.settings.standby_max_handoff_age_s:
+        fenced_store = self.lease.reclaims  # etcd: the stored copy is the holder's, by construction
+        doc = self.doc if fenced_store else await self._freshest()
+        self.doc = doc
+        if not fenced_store and (
+            doc is None or clock.wall() - doc.at > self.settings.standby_max_handoff_age_s
+        ):
             control.failover_blocked = "no fresh handoff"
             return False
         try:
-            claimed = await asyncio.to_thread(self.lease.claim)
+            claimed = await self.lease.claim()
         except LeaseError as exc:
-            control.failover_blocked = f"lease unavailable: {exc}"
+            control.failover_blocked = f"{'etcd' if fenced_store else 'lease'} unavailable: {exc}"
             return False
         if not claimed:
+            if fenced_store:  # a watch on the holder key: take over the moment it expires
+                await self.lease.wait_vacant(self.settings.lease_ttl_s)
             return False  # another holder's unexpired lease: keep shadowing
         epoch = self.lease.epoch
-        if doc.epoch != epoch - 1:
+        if fenced_store:
+            try:
+                stored = await self.shared.read() if self.shared is not None else None
+            except (LeaseError, HandoffError) as exc:
+                return await self._refuse(f"etcd handoff unusable: {exc}")
+            doc = self.doc = fresher(self.doc, stored)
+            if doc is None:
+                return await self._refuse("no handoff: none polled and none stored in etcd")
+            if doc.epoch >= epoch:
+                return await self._refuse(f"handoff epoch {doc.epoch} cannot precede claimed epoch {epoch}")
+        elif doc is None:
+            return await self._refuse("no fresh handoff")
+        elif doc.epoch != epoch - 1:
             return await self._refuse(f"handoff epoch {doc.epoch} cannot precede claimed epoch {epoch}")
         applied, why = transfer.apply(self.core, doc)
         if not applied:
@@ -210,10 +240,8 @@ class StandbyLoop:
     async def _freshest(self) -> Handoff | None:
         """Before claiming: prefer the holder's shared handoff when it is newer than the last poll."""
         try:
-            record = await asyncio.to_thread(self.lease.peek)
-            shared = await asyncio.to_thread(
-                statefile.load, statefile.shared_handoff_path(self.settings.lease_path)
-            )
+            record = await self.lease.peek()
+            shared = await self.shared.read() if self.shared is not None else None
         except (LeaseError, HandoffError, OSError) as exc:
             log.warning("standby: shared handoff unusable, keeping the polled one: %s", exc)
             return self.doc
@@ -227,5 +255,5 @@ class StandbyLoop:
         self.core.control.failover_blocked = why
         log.error("standby: takeover refused: %s", why)
         with contextlib.suppress(LeaseError):
-            await asyncio.to_thread(self.lease.release)
+            await self.lease.release()
         return True

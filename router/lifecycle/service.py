@@ -125,7 +125,7 @@ class LifecycleService:
             await self._persist()
             ok, fenced = await self._validate(targets, wave)
             await self._persist()
-            if fenced:
+            if fenced or not self.core.controls_fleet():  # (a fenced write that did not commit)
                 return self._answer(503, FENCED_VALIDATION)
             return self._answer(200) if ok else self._answer(409, VALIDATION_FAILED)
 

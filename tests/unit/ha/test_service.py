@@ -78,7 +78,7 @@ async def test_router_without_lease_controls_and_persists(tmp_path: Path, clock:
     ha = _service(tmp_path, c, lease=False)
     await ha.start()
     assert c.controls_fleet() and c.control.epoch == 0
-    assert c.extras["persist"]() is True
+    assert await c.extras["persist"]() is True
     await ha.stop()
     assert _load(ha.settings.state_path)["holder"] == ""
 
@@ -95,7 +95,7 @@ async def test_router_losing_the_claim_is_fenced_for_good(tmp_path: Path, clock:
     assert c.prefill_hold_reason() == "lease held by another router"
     other.release()
     assert not c.controls_fleet()  # never re-claims
-    assert c.extras["persist"]() is False
+    assert await c.extras["persist"]() is False
     await ha.stop()
     assert not _exists(ha.settings.state_path)
 
@@ -318,7 +318,7 @@ async def test_takeover_refuses_a_foreign_fleet_and_stays_standby(tmp_path: Path
 
 async def test_standby_and_fenced_never_persist(tmp_path: Path, clock: FakeClock) -> None:
     _, ha = await _standby(tmp_path, clock, None)
-    assert ha.persist() is False
+    assert await ha.persist() is False
     await ha.stop()
     assert not _exists(ha.settings.state_path)
 
