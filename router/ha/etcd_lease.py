@@ -340,6 +340,7 @@ class EtcdLease:
                     ],
                     [op_put(self.handoff_key, data)],
                     [op_range(self.holder_key), op_range(self.handoff_key)],
+                    retry_s=max(0.0, self.remaining() - 0.1),  # through a leader election
                 )
             except EtcdError as exc:
                 self.verified = False

@@ -154,7 +154,7 @@ class HAService:
                 break
             if await lease.renew():
                 continue
-            while lease.reclaims and lease.owned and lease.valid():
+            while lease.reclaims and lease.owned and lease.remaining() > 0:
                 await asyncio.sleep(min(0.1, interval / 4))
                 if await lease.renew():
                     break
