@@ -1,12 +1,12 @@
 """RouterCore: the state every router component shares, and the readiness predicates (spec §3.4).
 
-Components (serving, breaker, lifecycle, HA) receive the core; none of them owns another.
+Components (serving, breaker, lifecycle, HA) receive the core plus the other components they use
+as typed constructor arguments (wired once in ``router/assemble.py``); the core holds state only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from router.clock import Clock, SystemClock
 from router.config import FleetConfig
@@ -29,7 +29,6 @@ class RouterCore:
     monitoring_degraded: str = ""  # "<stage> <Class>" while monitoring is degraded
     started_wall: float = field(init=False)
     started_mono: float = field(init=False)
-    extras: dict[str, Any] = field(default_factory=dict)
     # consolidation-risk events (spec §9.3): serving records "first_token_timeout" here
     demand_risk: DemandRisk = field(init=False)
 
@@ -38,7 +37,6 @@ class RouterCore:
         self.started_wall = self.clock.wall()
         self.started_mono = self.clock.monotonic()
         self.demand_risk = DemandRisk(self.clock)
-        self.extras.setdefault("demand_risk", self.demand_risk)
 
     # -- predicates (spec §3.4) -------------------------------------------------------------
     def controls_fleet(self) -> bool:

@@ -54,6 +54,7 @@ class ServingStats:
         self.ttft = Histogram(TTFT_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
         self.inflight = 0
+        self.queued = 0  # requests waiting in the admission queue (serving.queue_capacity)
 
 
 def _esc(v: str) -> str:
@@ -97,6 +98,8 @@ class MetricsRenderer:
         )
         out += _family("narwhal_inflight_requests", "gauge", "Requests holding an in-flight seat.")
         out.append(f"narwhal_inflight_requests {self.stats.inflight}")
+        out += _family("narwhal_queued_requests", "gauge", "Requests waiting for an in-flight seat.")
+        out.append(f"narwhal_queued_requests {self.stats.queued}")
         out += _family("narwhal_router_ready", "gauge", "1 when /ready answers 200.")
         out.append(f"narwhal_router_ready {int(core.ready())}")
         out += _family("narwhal_router_lease_epoch", "gauge", "Current lease epoch (0 without a lease).")

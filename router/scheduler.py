@@ -21,6 +21,7 @@ class EngineRuntime:
     attestation_url: str
     resident_prefill: int = 0
     resident_decode: int = 0
+    last_pick: int = 0  # placement sequence number of this engine's last pick (0 = never)
 
     @property
     def resident(self) -> int:
@@ -70,30 +71,31 @@ class Scheduler:
     def pick(self, phase: Role, exclude: Iterable[str] = ()) -> EngineRuntime | None:
         """Least resident work among eligible engines labelled for ``phase``; else any unpinned one.
 
-        Ties rotate (the scan starts one engine further on each call), so equally loaded engines
-        share light traffic instead of the first one taking all of it.
+        Ties rotate: among equally loaded candidates the one picked least recently wins, so equally
+        loaded engines of a role share light traffic in turn (whatever the other role's picks did).
+        One pass over the engines, no intermediate list.
         """
-        candidates = self.eligible()
-        n = len(candidates)
-        if not n:
+        if self.fleet_hold:
             return None
-        turn = self._turn = (self._turn + 1) % n
+        ejected, draining, held = self.ejected, self.draining, self.held
         best: EngineRuntime | None = None
         fallback: EngineRuntime | None = None
-        best_load = fallback_load = 0
-        for i in range(turn, turn + n):
-            e = candidates[i % n] if i >= n else candidates[i]
-            if exclude and e.iid in exclude:
+        best_key = fallback_key = (1 << 62, 0)
+        for e in self.engines.values():
+            iid = e.iid
+            if iid in ejected or iid in draining or iid in held or (exclude and iid in exclude):
                 continue
+            key = (e.resident_prefill + e.resident_decode, e.last_pick)
             if e.role == phase:
-                load = e.resident_prefill + e.resident_decode
-                if best is None or load < best_load:
-                    best, best_load = e, load
-            elif not e.pin:  # can_serve(phase): labelled for it, or unpinned
-                load = e.resident_prefill + e.resident_decode
-                if fallback is None or load < fallback_load:
-                    fallback, fallback_load = e, load
-        return best if best is not None else fallback
+                if key < best_key:
+                    best, best_key = e, key
+            elif not e.pin and key < fallback_key:  # can_serve(phase): unpinned
+                fallback, fallback_key = e, key
+        chosen = best if best is not None else fallback
+        if chosen is not None:
+            self._turn += 1
+            chosen.last_pick = self._turn
+        return chosen
 
     def serving_engines_for(self, phase: Role, without: str | None = None) -> int:
         """How many placement-eligible engines could serve ``phase`` (optionally ignoring one)."""

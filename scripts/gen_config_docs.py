@@ -77,9 +77,13 @@ DESCRIPTIONS: dict[str, str] = {
     # serving
     "serving.request_timeout_s": "Overall deadline of one client request.",
     "serving.prefill_timeout_s": "Timeout of the prefill leg and of the readmission generation check.",
-    "serving.max_connections": "In-flight request seats (admission limit).",
-    "serving.queue_capacity": "Requests allowed to wait for a seat; 0 refuses at once (429).",
-    "serving.queue_timeout_s": "Longest wait in the admission queue before 504 `queue_expired`.",
+    "serving.max_connections": "In-flight request seats (admission limit; `--max-concurrent` "
+    "overrides it) and the engine connection pool size.",
+    "serving.queue_capacity": "Requests allowed to wait (first in, first out) for a seat when all are "
+    "taken; past it, and with 0, 429 `inflight_limit` at once (counted `rejected`). Gauge "
+    "`narwhal_queued_requests`.",
+    "serving.queue_timeout_s": "Longest wait in the admission queue before 504 `queue_expired` "
+    "(counted `expired`, reason `queue_timeout`); 0 = bounded by `serving.request_timeout_s` only.",
     "serving.max_attempts": "Full prefill+decode attempts per request; never retried after output started.",
     "serving.max_request_bytes": "Largest accepted request body (413 `request_too_large` above).",
     "serving.max_response_bytes": "Largest engine response relayed to a client.",

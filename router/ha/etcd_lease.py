@@ -307,7 +307,7 @@ class EtcdLease:
             return None
         doc = parse_holder(kv)
         now = self.clock.wall()  # the key exists, so its etcd lease is unexpired
-        return LeaseRecord(doc.epoch, doc.holder, now + self.settings.ttl_s, doc.claimed_at)
+        return LeaseRecord.of(doc.epoch, doc.holder, now + self.settings.ttl_s, doc.claimed_at)
 
     async def wait_vacant(self, timeout_s: float) -> None:
         """Return once the holder key is absent (a watch on it, not polling), or after ``timeout_s``."""

@@ -7,7 +7,7 @@ safety margin); *local* validity is a deadline on the holder's monotonic clock
 
 Layers:
 
-- ``LeaseRecord`` / ``parse_record`` / ``encode_record``: the document, strict (fail closed).
+- ``LeaseRecord`` (pydantic) / ``parse_record`` / ``encode_record``: the document, strict (fail closed).
 - ``claim_rule`` / ``renew_rule`` / ``release_rule``: pure decisions from (record, holder, now).
 - ``LeaseBackend``: read-modify-write under a lock; ``FileLeaseBackend`` uses ``flock`` on
   ``<path>.lock`` and writes through a temp file + ``os.replace``.
@@ -26,14 +26,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from router.clock import Clock, SystemClock
 from router.config import check_lease_timing
 
-SCHEMA = "narwhal.router-lease"
-SCHEMA_VERSION = 1
-_KEYS = frozenset({"epoch", "expires_at", "holder", "schema", "schema_version", "updated_at"})
+SCHEMA: Final = "narwhal.router-lease"
+SCHEMA_VERSION: Final = 1
 
 
 class LeaseError(RuntimeError):
@@ -43,54 +44,57 @@ class LeaseError(RuntimeError):
 # -- the document ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseRecord:
-    epoch: int
-    holder: str
+class LeaseRecord(BaseModel):
+    """The persisted ``narwhal.router-lease`` v1 record. Strict: a wrong type, a missing or unknown
+    key, a non-finite time or another schema raises (``record_from_doc`` turns that into
+    ``LeaseError``: fail closed)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    epoch: int = Field(ge=1)
+    holder: str = Field(min_length=1)
     expires_at: float
     updated_at: float
+    schema_: Literal["narwhal.router-lease"] = Field(alias="schema")
+    schema_version: int
+
+    @field_validator("schema_version")
+    @classmethod
+    def _v1(cls, v: int) -> int:
+        if v != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {v} is not {SCHEMA_VERSION}")
+        return v
+
+    @classmethod
+    def of(cls, epoch: int, holder: str, expires_at: float, updated_at: float) -> LeaseRecord:
+        """A validated v1 record (the rules build records with this)."""
+        return cls(
+            epoch=epoch,
+            holder=holder,
+            expires_at=expires_at,
+            updated_at=updated_at,
+            schema=SCHEMA,
+            schema_version=SCHEMA_VERSION,
+        )
 
     def to_doc(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "expires_at": self.expires_at,
-            "holder": self.holder,
-            "schema": SCHEMA,
-            "schema_version": SCHEMA_VERSION,
-            "updated_at": self.updated_at,
-        }
+        return self.model_dump(by_alias=True)
 
 
-def _finite(name: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise LeaseError(f"lease record: {name} must be a number")
-    if not math.isfinite(v):
-        raise LeaseError(f"lease record: {name} must be finite")
-    return float(v)
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'record'}: {err['msg']}" for err in exc.errors()
+    )
 
 
 def record_from_doc(doc: Any) -> LeaseRecord:
     """Validate a decoded lease document; anything unexpected raises ``LeaseError``."""
     if not isinstance(doc, dict):
         raise LeaseError("lease record must be a JSON object")
-    keys = set(doc)
-    if keys != _KEYS:
-        missing, extra = sorted(_KEYS - keys), sorted(keys - _KEYS)
-        raise LeaseError(f"lease record keys wrong (missing {missing}, unknown {extra})")
-    if doc["schema"] != SCHEMA:
-        raise LeaseError(f"lease record schema {doc['schema']!r} is not {SCHEMA!r}")
-    version = doc["schema_version"]
-    if isinstance(version, bool) or version != SCHEMA_VERSION:
-        raise LeaseError(f"lease record schema_version {version!r} is not {SCHEMA_VERSION}")
-    epoch = doc["epoch"]
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
-        raise LeaseError("lease record: epoch must be an integer >= 1")
-    holder = doc["holder"]
-    if not isinstance(holder, str) or not holder:
-        raise LeaseError("lease record: holder must be a non-empty string")
-    return LeaseRecord(
-        epoch, holder, _finite("expires_at", doc["expires_at"]), _finite("updated_at", doc["updated_at"])
-    )
+    try:
+        return LeaseRecord.model_validate(doc)
+    except ValidationError as exc:
+        raise LeaseError(f"lease record invalid: {_problems(exc)}") from None
 
 
 def parse_record(raw: bytes) -> LeaseRecord:
@@ -103,7 +107,7 @@ def parse_record(raw: bytes) -> LeaseRecord:
 
 def encode_record(record: LeaseRecord) -> bytes:
     for name, v in (("expires_at", record.expires_at), ("updated_at", record.updated_at)):
-        if not math.isfinite(v):
+        if not math.isfinite(v):  # a model_construct'ed record skipped validation
             raise LeaseError(f"refusing to write a lease record with non-finite {name}")
     return (json.dumps(record.to_doc(), sort_keys=True, allow_nan=False) + "\n").encode()
 
@@ -116,9 +120,9 @@ def claim_rule(current: LeaseRecord | None, holder: str, now: float, ttl: float)
     if current is not None and current.expires_at > now:
         if current.holder != holder:
             return None
-        return LeaseRecord(current.epoch, holder, now + ttl, now)
+        return LeaseRecord.of(current.epoch, holder, now + ttl, now)
     epoch = current.epoch + 1 if current is not None else 1
-    return LeaseRecord(epoch, holder, now + ttl, now)
+    return LeaseRecord.of(epoch, holder, now + ttl, now)
 
 
 def renew_rule(
@@ -127,14 +131,14 @@ def renew_rule(
     """The renewed record, or None when the lease is lost (vanished, other holder/epoch, expired)."""
     if current is None or current.holder != holder or current.epoch != epoch or current.expires_at <= now:
         return None
-    return LeaseRecord(epoch, holder, now + ttl, now)
+    return LeaseRecord.of(epoch, holder, now + ttl, now)
 
 
 def release_rule(current: LeaseRecord | None, holder: str, epoch: int, now: float) -> LeaseRecord | None:
     """The expired record a release writes, or None to leave a successor's record alone."""
     if current is None or current.holder != holder or current.epoch != epoch:
         return None
-    return LeaseRecord(epoch, holder, now, now)
+    return LeaseRecord.of(epoch, holder, now, now)
 
 
 # -- settings ---------------------------------------------------------------------------------------

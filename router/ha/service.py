@@ -1,13 +1,15 @@
 """The HA component: lease claim + renewal (fencing), state-file persistence, ``--resume``, warm
 standby and ``GET /narwhal/handoff`` (spec §2.3–2.6, §3.3).
 
-It is a ``router.app.Component``. Other components reach it through the core:
-``core.extras["persist"]()`` writes the state file now (the lifecycle calls it after every change;
-a no-op on a standby or fenced router), ``core.extras["ha"]`` is this object.
+It is a ``router.app.Component``. Its collaborators are typed constructor arguments, wired by
+``router/assemble.py``: the lifecycle (``transfer.LifecycleView``: snapshot / restore / wave hold),
+the breaker (probe schedule of restored ejections) and the lifecycle monitor (``MonitorView``).
+``persist()`` writes the state file now (assemble registers it as a lifecycle persist hook, so it
+runs after every lifecycle change; a no-op on a standby or fenced router).
 
 The periodic state-file write is the ``handoff`` stage of the lifecycle monitor pass when a monitor
-runs (``core.extras["monitor_stages"]``, spec §7.1: its failures count towards "monitoring
-degraded"); without a monitor this component runs its own writer loop.
+runs (``monitor.add_stage``, spec §7.1: its failures count towards "monitoring degraded"); without a
+monitor this component runs its own writer loop.
 """
 
 from __future__ import annotations
@@ -17,25 +19,36 @@ import contextlib
 import logging
 import math
 import shutil
-from collections.abc import Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
 from router.core import RouterCore
-from router.ha import statefile, transfer
+from router.ha import statefile
 from router.ha.etcd_lease import EtcdKeyRefused
 from router.ha.handoff import Handoff
 from router.ha.lease import LeaseError
 from router.ha.lease_backend import ControlLease, PersistError, SharedHandoff, build_backend
 from router.ha.settings import HARuntime
 from router.ha.standby import StandbyLoop
+from router.ha.transfer import Handover, LifecycleView, ProbeSchedule
 
 log = logging.getLogger("narwhal.ha")
 RENEWAL_FAILED = "lease renewal failed"
 ETCD_UNAVAILABLE = "etcd unavailable"
+
+Stage = Callable[[], Awaitable[object]]
+
+
+class MonitorView(Protocol):
+    """What HA needs of the lifecycle monitor (``router.lifecycle.monitor.LifecycleMonitor``)."""
+
+    def add_stage(self, name: str, stage: Stage) -> None: ...
+
+    async def check_identities(self, engines: list[str] | None = None) -> None: ...
 
 
 def resume_epoch_problem(doc: Handoff, claimed: int, fenced_store: bool = False) -> str:
@@ -55,9 +68,16 @@ class HAService:
         settings: HARuntime,
         lease: ControlLease | None = None,
         shared: SharedHandoff | None = None,
+        *,
+        lifecycle: LifecycleView | None = None,
+        breaker: ProbeSchedule | None = None,
+        monitor: MonitorView | None = None,
     ) -> None:
         self.core = core
         self.settings = settings
+        self.lifecycle = lifecycle
+        self.monitor = monitor
+        self.handover = Handover(core, lifecycle, breaker)
         built_lease, built_shared, self.etcd_client = build_backend(settings, core.clock)
         self.lease: ControlLease | None = lease if lease is not None else built_lease
         self.shared: SharedHandoff | None = shared if shared is not None else built_shared
@@ -71,8 +91,6 @@ class HAService:
         self.monitored = False  # the monitor pass runs the periodic write (write_handoff)
         self._write_lock = asyncio.Lock()  # the final snapshot at stop() is never overtaken
         self._stopping = False
-        core.extras["ha"] = self
-        core.extras["persist"] = self.persist
 
     # -- component protocol ----------------------------------------------------------------------
     def add_routes(self, app: web.Application) -> None:
@@ -81,14 +99,11 @@ class HAService:
 
     async def start(self) -> None:
         control = self.core.control
-        hooks = getattr(transfer.find_lifecycle(self.core), "persist_hooks", None)
-        if isinstance(hooks, list) and self.persist not in hooks:
-            hooks.append(self.persist)  # the state file follows every lifecycle change
         if self.settings.standby_of:
             assert self.lease is not None  # HARuntime: --standby-of requires a lease
             control.standby = True
             self.standby_loop = StandbyLoop(
-                self.core, self.settings, self.lease, self._activate, shared=self.shared
+                self.core, self.settings, self.lease, self.handover, self._activate, shared=self.shared
             )
             self._spawn(self.standby_loop.run(), "narwhal-standby")
             log.info("standby of %s (lease %s)", self.settings.standby_of, self.lease.describe())
@@ -221,7 +236,7 @@ class HAService:
             return ""
         if doc.epoch >= lease.epoch:
             return f"handoff epoch {doc.epoch} cannot precede claimed epoch {lease.epoch}"
-        applied, why = transfer.apply(self.core, doc)
+        applied, why = self.handover.apply(doc)
         return "" if applied else why
 
     # -- persistence -----------------------------------------------------------------------------
@@ -237,7 +252,7 @@ class HAService:
 
     async def _persist_now(self) -> None:
         try:
-            doc = transfer.build(self.core)
+            doc = self.handover.build()
         except ValueError as exc:
             self.persist_failures += 1
             raise PersistError(f"handoff invalid: {exc}") from None
@@ -286,7 +301,7 @@ class HAService:
             why = resume_epoch_problem(doc, self.lease.epoch, fenced_store=from_etcd)
         applied = False
         if not why:
-            applied, why = transfer.apply(self.core, doc)
+            applied, why = self.handover.apply(doc)
         self.resume_result = (applied, why)
         if applied:
             log.info("%s", why)
@@ -308,12 +323,8 @@ class HAService:
             log.warning("cannot keep a copy of the refused handoff %s: %s", path, exc)
 
     def _restart_wave(self, reason: str) -> None:
-        lifecycle = transfer.find_lifecycle(self.core)
-        require = getattr(lifecycle, "require_restart_wave", None) or getattr(
-            getattr(lifecycle, "machine", None), "require_restart_wave", None
-        )
-        if require is not None:
-            require(reason)
+        if self.lifecycle is not None:
+            self.lifecycle.require_restart_wave(reason)
         else:  # no lifecycle machine attached: still hold the whole fleet, fail closed
             self.core.scheduler.fleet_hold = f"whole-wave restart required: {reason}"
 
@@ -321,13 +332,10 @@ class HAService:
     async def _activate(self, lease: ControlLease) -> str:
         core = self.core
         core.control.take_control(lease)
-        check = core.extras.get("identity_check")
-        if callable(check):
+        if self.monitor is not None:
             core.identities_ready = False
             try:
-                result = check()
-                if asyncio.iscoroutine(result):
-                    await result
+                await self.monitor.check_identities()
             except Exception as exc:
                 log.warning("identity validation after takeover failed: %s: %s", type(exc).__name__, exc)
         elif core.config.engine_contract is not None:
@@ -346,10 +354,8 @@ class HAService:
     def _start_loops(self) -> None:
         if self.lease is not None and self.lease.owned:
             self._spawn(self._renew_loop(self.lease), "narwhal-lease-renewal")
-        stages = self.core.extras.get("monitor_stages")  # router/lifecycle/monitor.py
-        if isinstance(stages, list):  # after claim/resume/takeover: never overwrite an unread file
-            if all(fn != self.write_handoff for _, fn in stages):
-                stages.append(("handoff", self.write_handoff))
+        if self.monitor is not None:  # after claim/resume/takeover: never overwrite an unread file
+            self.monitor.add_stage("handoff", self.write_handoff)
             self.monitored = True
         else:
             self._spawn(self._persist_loop(), "narwhal-handoff-writer")
@@ -362,7 +368,7 @@ class HAService:
     # -- views -----------------------------------------------------------------------------------
     async def handoff_route(self, _: web.Request) -> web.Response:
         try:
-            body = orjson.dumps(transfer.build(self.core).dump())
+            body = orjson.dumps(self.handover.build().dump())
         except ValueError as exc:  # our own state fails validation: say so, publish nothing
             err = {"error": {"message": f"handoff unavailable: {exc}", "type": "internal"}}
             return web.Response(status=500, body=orjson.dumps(err), content_type="application/json")

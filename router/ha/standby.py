@@ -18,11 +18,12 @@ from typing import Any
 import httpx
 
 from router.core import RouterCore
-from router.ha import statefile, transfer
+from router.ha import statefile
 from router.ha.handoff import Handoff, HandoffError, HandoffVersionError, validate
 from router.ha.lease import LeaseError, LeaseRecord
 from router.ha.lease_backend import ControlLease, SharedHandoff
 from router.ha.settings import HARuntime
+from router.ha.transfer import Handover
 
 log = logging.getLogger("narwhal.ha.standby")
 
@@ -100,6 +101,7 @@ class StandbyLoop:
         core: RouterCore,
         settings: HARuntime,
         lease: ControlLease,
+        handover: Handover,
         activate: Callable[[ControlLease], Awaitable[str]],
         client: httpx.AsyncClient | None = None,
         shared: SharedHandoff | None = None,
@@ -108,6 +110,7 @@ class StandbyLoop:
         self.core = core
         self.settings = settings
         self.lease = lease
+        self.handover = handover  # applies the handoff at takeover (lifecycle + breaker)
         self.activate = activate  # starts renewal/persistence, validates identities; "" or why not
         self.primary = settings.standby_of.rstrip("/")
         self.client = client
@@ -218,7 +221,7 @@ class StandbyLoop:
             return await self._refuse("no fresh handoff")
         elif doc.epoch != epoch - 1:
             return await self._refuse(f"handoff epoch {doc.epoch} cannot precede claimed epoch {epoch}")
-        applied, why = transfer.apply(self.core, doc)
+        applied, why = self.handover.apply(doc)
         if not applied:
             return await self._refuse(why)
         if not self.lease.valid():

@@ -1,8 +1,9 @@
 """The lifecycle service: drain / readmit / recovery handlers over the pure machine (spec §5.2, §6.1).
 
-It is the object attached to the core (``core.extras["lifecycle"]``, see :func:`lifecycle_of`) and
-the one HA calls: ``snapshot() -> LifecycleSection`` and ``restore(section)``. A single asyncio
-lock serializes every mutation (drain, readmit, recovery); reads never wait for it.
+``router/assemble.py`` hands it to HA as its ``LifecycleView`` (``snapshot() -> LifecycleSection``,
+``restore(section)``, ``require_restart_wave``) and registers HA's state-file write in
+``persist_hooks``. A single asyncio lock serializes every mutation (drain, readmit, recovery); reads
+never wait for it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from router.core import RouterCore
@@ -19,16 +20,16 @@ from router.lifecycle.document import LifecycleDocument, build_document
 from router.lifecycle.machine import LifecycleError, LifecycleMachine, Verdict
 from router.lifecycle.models import LifecycleSection
 from router.lifecycle.readmission import Readmission
+from router.replicas.view import ReplicaPicture
 
 log = logging.getLogger("narwhal.lifecycle")
-EXTRAS_KEY = "lifecycle"
 NOT_CONTROLLING = "this router does not control the fleet"
 FENCED_DRAIN = "router control was fenced during drain"
 FENCED_VALIDATION = "router control was fenced during validation"
 VALIDATION_FAILED = "readmission validation failed"
 
 Result = tuple[int, LifecycleDocument]
-PersistHook = Callable[[], Awaitable[None] | None]
+PersistHook = Callable[[], object]  # may return an awaitable (awaited)
 
 
 class LifecycleService:
@@ -45,7 +46,7 @@ class LifecycleService:
         self.readmission = Readmission(core.config, core.scheduler, self.machine, self.control, eject=eject)
         self.lock = asyncio.Lock()
         self.persist_hooks: list[PersistHook] = []  # HA: write the handoff after lifecycle POSTs
-        core.extras[EXTRAS_KEY] = self
+        self.replicas: ReplicaPicture | None = None  # active-active: the replica set's picture
 
     # -- component protocol (routes live in routes.py) ---------------------------------------
     def add_routes(self, app: Any) -> None:
@@ -76,7 +77,7 @@ class LifecycleService:
 
     # -- views -------------------------------------------------------------------------------
     def document(self, error: str = "") -> LifecycleDocument:
-        return build_document(self.machine, self.core, error)
+        return build_document(self.machine, self.core, error, self.replicas)
 
     def _answer(self, status: int, error: str = "") -> Result:
         return status, self.document(error)
@@ -155,9 +156,3 @@ class LifecycleService:
             ok, _ = await self._validate(targets, wave)
             await self._persist()
             return ok
-
-
-def lifecycle_of(core: RouterCore) -> LifecycleService | None:
-    """The lifecycle service attached to ``core`` (None when the router runs without one)."""
-    service = core.extras.get(EXTRAS_KEY)
-    return service if isinstance(service, LifecycleService) else None

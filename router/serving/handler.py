@@ -20,6 +20,7 @@ from router.core import RouterCore
 from router.counters import Outcome
 from router.engines.legs import DecodeStream, EngineClient, LegFailure, decode_body, prefill_body
 from router.metrics import ServingStats
+from router.serving.admission import Admission, QueueExpired, QueueFull
 from router.serving.errors import ClientError, client_error_response, error_doc
 from router.serving.outcome import RequestRecord, finish
 from router.serving.parse import PATHS, Endpoint, ParsedRequest, parse_request
@@ -65,6 +66,17 @@ class Serving:
         cfg = core.config
         self.model = cfg.model
         self.seats = max_concurrent or cfg.serving.max_connections
+        srv = cfg.serving
+        self.admission = Admission(
+            stats, self.seats, srv.queue_capacity, srv.queue_timeout_s, srv.request_timeout_s
+        )
+        self._inflight_error = ClientError(
+            429,
+            f"too many requests in flight (limit {self.seats}"
+            + (f" + {srv.queue_capacity} queued)" if srv.queue_capacity else ")"),
+            "server_overloaded_error",
+            "inflight_limit",
+        )
         self.max_attempts = cfg.serving.max_attempts
         self.request_timeout = cfg.serving.request_timeout_s
         self.first_token_timeout = cfg.engine.first_token_timeout_s
@@ -94,19 +106,27 @@ class Serving:
         rec.client_rid = request.headers.get("x-request-id")
         if not core.ready():
             return self._not_ready(rec)
-        if self.stats.inflight >= self.seats:
-            return self._settle(
-                rec,
-                "rejected",
-                "inflight_limit",
-                ClientError(
-                    429,
-                    f"too many requests in flight (limit {self.seats})",
-                    "server_overloaded_error",
-                    "inflight_limit",
-                ),
-            )
-        self.stats.inflight += 1
+        admission = self.admission
+        if not admission.try_enter():
+            try:
+                waited = await admission.enter()
+            except QueueFull:
+                return self._settle(rec, "rejected", "inflight_limit", self._inflight_error)
+            except QueueExpired:
+                if admission.queue_timeout:
+                    msg = f"waited serving.queue_timeout_s ({admission.timeout}s) for an in-flight seat"
+                    err = ClientError(504, msg, "queue_expired", "queue_timeout")
+                    return self._settle(rec, "expired", "queue_timeout", err)
+                msg = f"request exceeded serving.request_timeout_s ({admission.timeout}s) in the queue"
+                err = ClientError(504, msg, "request_expired", "deadline")
+                return self._settle(rec, "expired", "deadline", err)
+            except asyncio.CancelledError:
+                self._cancelled(rec)
+                raise
+            rec.extra = {"queue_wait_s": waited}
+            if not core.ready():  # readiness changed while it waited
+                admission.leave()
+                return self._not_ready(rec)
         try:
             return await self._serve(request, endpoint, rec)
         except _Settled as done:
@@ -129,7 +149,7 @@ class Serving:
                 ),
             )
         finally:
-            self.stats.inflight -= 1
+            admission.leave()
 
     def _cancelled(self, rec: RequestRecord) -> None:
         rec.cancelled_phase = "decode" if rec.decode_iid else ("prefill" if rec.prefill_iid else "admission")

@@ -139,3 +139,23 @@ def test_equal_load_engines_share_light_traffic() -> None:
         assert e is not None
         picks.add(e.iid)
     assert picks == {"e1", "e2"}
+
+
+def test_ties_rotate_per_role_whatever_the_other_role_picked() -> None:
+    """2 prefill + 2 decode engines, sequential requests (prefill pick, then decode pick): both roles
+    split evenly. Before the fix one shared scan offset made every decode pick land on the same engine."""
+    fleet = _fleet()
+    fleet["engines"] = [
+        {"iid": f"e{i}", "url": f"http://127.0.0.1:{i + 1}", "role": "prefill" if i < 2 else "decode"}
+        for i in range(4)
+    ]
+    s = Scheduler.from_specs(parse_fleet(fleet).engines)
+    counts: dict[str, int] = {}
+    for _ in range(20):
+        for phase in ("prefill", "decode"):
+            e = s.pick(phase)  # type: ignore[arg-type]
+            assert e is not None and e.role == phase
+            counts[e.iid] = counts.get(e.iid, 0) + 1
+    assert counts == {"e0": 10, "e1": 10, "e2": 10, "e3": 10}
+    s.engines["e3"].resident_decode = 1  # load still wins over rotation
+    assert [s.pick("decode").iid for _ in range(3)] == ["e2", "e2", "e2"]  # type: ignore[union-attr]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleet.fleetgen import fleet_document
-from router.assemble import RouterOptions, build_router
+from router.assemble import RouterOptions, assemble
 from router.cli import main
 from router.config import parse_fleet
 from router.ha.etcd_lease import EtcdLease, default_prefix
@@ -70,14 +70,12 @@ def test_fleet_file_lease_path_plus_etcd_endpoints_is_a_usage_error(
 
 def test_etcd_settings_from_the_fleet_file_and_flags(tmp_path: Path) -> None:
     cfg = parse_fleet(json.loads(_fleet(tmp_path, etcd_endpoints="http://127.0.0.1:2379").read_text()))
-    _, core = build_router(cfg, RouterOptions(router_id="r1", lease_ttl=3.0))
-    ha = core.extras["ha"]
+    ha = assemble(cfg, RouterOptions(router_id="r1", lease_ttl=3.0)).ha
     assert isinstance(ha, HAService) and isinstance(ha.lease, EtcdLease)
     assert ha.lease.settings.prefix == "/narwhal/org_Model-7B/" == default_prefix("org/Model-7B")
     assert ha.lease.settings.ttl_s == 3.0 and ha.lease.holder.startswith("r1:")
     assert ha.lease.handoff_key == b"/narwhal/org_Model-7B/handoff"
     opts = RouterOptions(etcd_endpoints="http://127.0.0.1:1,http://127.0.0.1:2", etcd_prefix="/x/y/")
-    _, core = build_router(cfg, opts)
-    lease = core.extras["ha"].lease
+    lease = assemble(cfg, opts).ha.lease
     assert isinstance(lease, EtcdLease) and lease.holder_key == b"/x/y/holder"
     assert lease.client.endpoints == ("http://127.0.0.1:1", "http://127.0.0.1:2")

@@ -18,6 +18,7 @@ from router.ha.lease import (
     LeaseSettings,
     claim_rule,
     new_holder,
+    record_from_doc,
     release_rule,
     renew_rule,
 )
@@ -339,16 +340,40 @@ def test_lock_busy_is_a_lease_error(path: Path, clock: FakeClock) -> None:
 
 
 def test_pure_rules() -> None:
-    rec = LeaseRecord(3, "a", expires_at=110.0, updated_at=105.0)
-    assert claim_rule(None, "a", 100.0, 5.0) == LeaseRecord(1, "a", 105.0, 100.0)
+    rec = LeaseRecord.of(3, "a", expires_at=110.0, updated_at=105.0)
+    assert claim_rule(None, "a", 100.0, 5.0) == LeaseRecord.of(1, "a", 105.0, 100.0)
     assert claim_rule(rec, "b", 100.0, 5.0) is None
-    assert claim_rule(rec, "a", 100.0, 5.0) == LeaseRecord(3, "a", 105.0, 100.0)
-    assert claim_rule(rec, "b", 110.0, 5.0) == LeaseRecord(4, "b", 115.0, 110.0)  # expires_at == now: expired
-    assert renew_rule(rec, "a", 3, 100.0, 5.0) == LeaseRecord(3, "a", 105.0, 100.0)
+    assert claim_rule(rec, "a", 100.0, 5.0) == LeaseRecord.of(3, "a", 105.0, 100.0)
+    assert claim_rule(rec, "b", 110.0, 5.0) == LeaseRecord.of(
+        4, "b", 115.0, 110.0
+    )  # expires_at == now: expired
+    assert renew_rule(rec, "a", 3, 100.0, 5.0) == LeaseRecord.of(3, "a", 105.0, 100.0)
     assert renew_rule(rec, "a", 2, 100.0, 5.0) is None
     assert renew_rule(rec, "b", 3, 100.0, 5.0) is None
     assert renew_rule(rec, "a", 3, 110.0, 5.0) is None
     assert renew_rule(None, "a", 3, 100.0, 5.0) is None
-    assert release_rule(rec, "a", 3, 101.0) == LeaseRecord(3, "a", 101.0, 101.0)
+    assert release_rule(rec, "a", 3, 101.0) == LeaseRecord.of(3, "a", 101.0, 101.0)
     assert release_rule(rec, "a", 2, 101.0) is None
     assert release_rule(None, "a", 3, 101.0) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"epoch": 0}, "epoch"),
+        ({"epoch": True}, "epoch"),
+        ({"holder": ""}, "holder"),
+        ({"expires_at": float("nan")}, "expires_at"),
+        ({"schema_version": 2}, "schema_version"),
+        ({"schema": "narwhal.lease"}, "schema"),
+        ({"stray": 1}, "stray"),
+    ],
+)
+def test_a_malformed_record_is_refused_naming_the_field(change: dict[str, object], named: str) -> None:
+    doc = LeaseRecord.of(3, "a:1", 110.0, 105.0).to_doc()
+    assert record_from_doc(doc) == LeaseRecord.of(3, "a:1", 110.0, 105.0)  # round trip
+    with pytest.raises(LeaseError, match=rf"^lease record invalid: {named}: "):
+        record_from_doc(doc | change)
+    missing = {k: v for k, v in doc.items() if k != "schema"}
+    with pytest.raises(LeaseError, match="schema: Field required"):
+        record_from_doc(missing)

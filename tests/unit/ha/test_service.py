@@ -11,14 +11,13 @@ from typing import Any
 import pytest
 
 from router.clock import FakeClock
-from router.core import RouterCore
-from router.ha import statefile, transfer
+from router.ha import statefile
 from router.ha.handoff import HandoffVersionError, validate
 from router.ha.lease import Lease, LeaseSettings
 from router.ha.service import HAService
 from router.ha.settings import HARuntime
 from router.ha.standby import StandbyLoop, judge_probe
-from tests.unit.ha.helpers import core, fixture, fleet, machine
+from tests.unit.ha.helpers import HACore, core, fixture, fleet, machine
 
 FAST = {"lease_ttl_s": 1.0, "lease_renew_interval_s": 0.2, "lease_safety_margin_s": 0.1}
 
@@ -34,8 +33,8 @@ def _runtime(tmp_path: Path, name: str = "a", lease: bool = True, **kw: Any) -> 
     return HARuntime(**values)
 
 
-def _service(tmp_path: Path, c: RouterCore, name: str = "a", **kw: Any) -> HAService:
-    return HAService(c, _runtime(tmp_path, name, **kw))
+def _service(tmp_path: Path, c: HACore, name: str = "a", **kw: Any) -> HAService:
+    return HAService(c, _runtime(tmp_path, name, **kw), lifecycle=c.lifecycle)
 
 
 def _lease(tmp_path: Path, clock: FakeClock, router_id: str = "other") -> Lease:
@@ -78,7 +77,7 @@ async def test_router_without_lease_controls_and_persists(tmp_path: Path, clock:
     ha = _service(tmp_path, c, lease=False)
     await ha.start()
     assert c.controls_fleet() and c.control.epoch == 0
-    assert await c.extras["persist"]() is True
+    assert await ha.persist() is True
     await ha.stop()
     assert _load(ha.settings.state_path)["holder"] == ""
 
@@ -95,7 +94,7 @@ async def test_router_losing_the_claim_is_fenced_for_good(tmp_path: Path, clock:
     assert c.prefill_hold_reason() == "lease held by another router"
     other.release()
     assert not c.controls_fleet()  # never re-claims
-    assert await c.extras["persist"]() is False
+    assert await ha.persist() is False
     await ha.stop()
     assert not _exists(ha.settings.state_path)
 
@@ -257,7 +256,7 @@ async def _standby(
     ha = _service(tmp_path, c, name="b", standby_of="http://primary.invalid")
     c.control.standby = True
     assert ha.lease is not None
-    loop = StandbyLoop(c, ha.settings, ha.lease, ha._activate)
+    loop = StandbyLoop(c, ha.settings, ha.lease, ha.handover, ha._activate)
     ha.standby_loop = loop
     loop.doc = validate(doc) if doc is not None else None
     loop.last_good_mono = clock.monotonic()
@@ -324,7 +323,7 @@ async def test_standby_and_fenced_never_persist(tmp_path: Path, clock: FakeClock
 
 
 async def test_handoff_route_serves_any_role(tmp_path: Path, clock: FakeClock) -> None:
-    loop, ha = await _standby(tmp_path, clock, None)
+    _, ha = await _standby(tmp_path, clock, None)
     resp = await ha.handoff_route(None)  # type: ignore[arg-type]
     assert resp.status == 200
     assert resp.body is not None
@@ -332,7 +331,7 @@ async def test_handoff_route_serves_any_role(tmp_path: Path, clock: FakeClock) -
     assert (
         body["epoch"] == 0
         and body["holder"] == ""
-        and body == transfer.build(loop.core).dump() | {"at": body["at"]}
+        and body == ha.handover.build().dump() | {"at": body["at"]}
     )
 
 

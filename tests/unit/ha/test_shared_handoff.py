@@ -17,7 +17,7 @@ def _doc(epoch: int, holder: str, at: float) -> Handoff:
 
 
 def _lease(epoch: int, holder: str) -> LeaseRecord:
-    return LeaseRecord(epoch=epoch, holder=holder, expires_at=10.0, updated_at=5.0)
+    return LeaseRecord.of(epoch=epoch, holder=holder, expires_at=10.0, updated_at=5.0)
 
 
 def test_newer_shared_copy_of_the_last_holder_wins() -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from router.ha import statefile, transfer
+from router.ha import statefile
 from router.ha.handoff import HandoffError, validate
-from tests.unit.ha.helpers import core, fixture
+from tests.unit.ha.helpers import core, fixture, handover
 
 
 def _listing(path: Path) -> list[str]:
@@ -80,6 +80,6 @@ def test_built_document_survives_the_file(tmp_path: Path) -> None:
     c = core()
     c.counters.finish("served")
     path = tmp_path / "state.json"
-    statefile.write(path, transfer.build(c))
+    statefile.write(path, handover(c).build())
     loaded = statefile.load(path)
     assert loaded is not None and loaded.counters["served"] == 1
