@@ -27,6 +27,10 @@ class RouterCore:
     counters: Counters = field(default_factory=Counters)
     identities_ready: bool = True  # false until the startup/takeover identity check passes
     monitoring_degraded: str = ""  # "<stage> <Class>" while monitoring is degraded
+    # why the last state write failed ("" = persisted): lifecycle changes are refused, serving goes on
+    persist_degraded: str = ""
+    # the smallest max_model_len the engines report (router/context_limits.py); None: not reported
+    model_context: int | None = None
     started_wall: float = field(init=False)
     started_mono: float = field(init=False)
     # consolidation-risk events (spec §9.3): serving records "first_token_timeout" here
@@ -38,6 +42,11 @@ class RouterCore:
         self.started_mono = self.clock.monotonic()
         self.demand_risk = DemandRisk(self.clock)
 
+    def max_tokens_limit(self) -> int | None:
+        """The largest ``max_tokens`` a request may ask for (None: unbounded)."""
+        limits = [v for v in (self.config.serving.max_tokens_limit, self.model_context) if v is not None]
+        return min(limits) if limits else None
+
     # -- predicates (spec §3.4) -------------------------------------------------------------
     def controls_fleet(self) -> bool:
         return self.control.controls_fleet()
@@ -46,6 +55,8 @@ class RouterCore:
         return self.controls_fleet() and not self.monitoring_degraded
 
     def ready(self) -> bool:
+        if self.control.replica is not None:  # active-active: every replica that can place serves
+            return not self._replica_reason() and bool(self.scheduler.eligible())
         return (
             self.control_ready()
             and self.identities_ready
@@ -53,8 +64,24 @@ class RouterCore:
             and bool(self.scheduler.eligible())
         )
 
+    def _replica_reason(self) -> str:
+        """Active-active readiness: the replica gate, then the holds every replica follows."""
+        assert self.control.replica is not None
+        why = self.control.replica.placement_reason()
+        if why:
+            return why
+        if self.scheduler.fleet_hold:
+            return self.scheduler.fleet_hold
+        if self.controls_fleet() and self.monitoring_degraded:
+            return f"monitoring degraded: {self.monitoring_degraded}"
+        if not self.identities_ready:
+            return "engine identity validation pending"
+        return ""
+
     def ready_reason(self) -> str:
         """Why /ready is 503, in the peer's precedence order; "" when ready."""
+        if self.control.replica is not None:
+            return self._replica_reason() or ("" if self.scheduler.eligible() else "no available engines")
         if self.control.failover_blocked:
             return self.control.failover_blocked
         if self.scheduler.fleet_hold:
@@ -84,6 +111,11 @@ class RouterCore:
 
     def prefill_hold_reason(self) -> str:
         """Why a new prefill placement is refused right now ("" = allowed)."""
+        if self.control.replica is not None:
+            why = self.control.replica.placement_reason()
+            if why or not (self.controls_fleet() and self.monitoring_degraded):
+                return why
+            return f"monitoring degraded: {self.monitoring_degraded}"
         if not self.controls_fleet():
             return self.control.failover_blocked or (
                 "standby: the primary router is serving" if self.control.standby else "lease expired"

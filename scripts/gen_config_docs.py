@@ -87,6 +87,10 @@ DESCRIPTIONS: dict[str, str] = {
     "serving.max_attempts": "Full prefill+decode attempts per request; never retried after output started.",
     "serving.max_request_bytes": "Largest accepted request body (413 `request_too_large` above).",
     "serving.max_response_bytes": "Largest engine response relayed to a client.",
+    "serving.max_tokens_limit": "Largest `max_tokens` / `max_completion_tokens` a request may ask for: "
+    "above it (or above the smallest `max_model_len` the engines report in `/v1/models`) the request "
+    "is a 400 `context_length_exceeded` that touches no engine. Unset: only the reported context "
+    "bounds it.",
     "serving.graceful_timeout_s": "On SIGTERM: how long in-flight requests may finish before the "
     "listener closes.",
     "serving.admission": "Accepted, unused: predictive admission is not implemented.",

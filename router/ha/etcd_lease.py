@@ -163,6 +163,8 @@ class EtcdLease:
         self.holder_rev = 0  # create revision of our holder key
         self.handoff_rev = 0  # mod revision of the handoff as we last saw or wrote it
         self.last_error = ""
+        self.problem = ""  # (the keeper's view) etcd keys are never "damaged and waited out"
+        self.recovered = ""
 
     def describe(self) -> str:
         return f"etcd {','.join(self.client.endpoints)} {self.settings.prefix}"
@@ -189,7 +191,7 @@ class EtcdLease:
         return h, e, d
 
     # -- claim / renew / release ---------------------------------------------------------------
-    async def claim(self, attempts: int = 3) -> bool:
+    async def claim(self, floor: int = 0, attempts: int = 3) -> bool:
         """True when we now hold the lease; False while another holder's key stands.
         ``LeaseError`` when etcd is unreachable; ``EtcdKeyRefused`` for foreign keys."""
         for _ in range(attempts):
@@ -199,7 +201,8 @@ class EtcdLease:
             except EtcdError as exc:
                 self.owned = False
                 raise self._unavailable("cannot claim lease", exc) from None
-            epoch = parse_epoch(epoch_kv)
+            counter = parse_epoch(epoch_kv)
+            epoch = max(counter, floor)  # never below an epoch seen in a handoff document
             if handoff_kv is not None:
                 parse_handoff(handoff_kv, self.settings.model)  # refuse a foreign/torn one up front
             if holder_kv is not None:
@@ -250,7 +253,7 @@ class EtcdLease:
             await self.client.lease_revoke(lease_id)
             return False
         self.owned, self.verified = True, True
-        self.epoch, self.previous_epoch = epoch + 1, epoch
+        self.epoch, self.previous_epoch = epoch + 1, parse_epoch(epoch_kv)
         self.lease_id, self.holder_rev = lease_id, res.revision
         self.handoff_rev = handoff_kv.mod_revision if handoff_kv else 0
         self.deadline = self._local_deadline(mono)
@@ -264,8 +267,8 @@ class EtcdLease:
         return True
 
     async def renew(self) -> bool:
-        """Keep-alive + re-read of the holder key; False when lost (ownership cleared) or etcd did
-        not answer (local deadline not extended: the caller keeps trying until it passes)."""
+        """Keep-alive + re-read of the holder key; False when lost (ownership cleared);
+        ``LeaseError`` when etcd did not answer (deadline not extended: retried within validity)."""
         if not self.owned:
             return False
         mono = self.clock.monotonic()
@@ -273,8 +276,7 @@ class EtcdLease:
             ttl = await self.client.lease_keepalive(self.lease_id)
             kv = await self.client.get(self.holder_key) if ttl > 0 else None
         except EtcdError as exc:
-            self._unavailable("lease renewal failed", exc)
-            return False
+            raise self._unavailable("lease renewal failed", exc) from None
         if ttl <= 0 or kv is None or kv.create_revision != self.holder_rev:
             self.owned = False
             self.last_error = "etcd lease lost (holder key expired or replaced)"

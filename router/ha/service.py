@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import shutil
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,17 +27,17 @@ from aiohttp import web
 
 from router.core import RouterCore
 from router.ha import statefile
-from router.ha.etcd_lease import EtcdKeyRefused
 from router.ha.handoff import Handoff
-from router.ha.lease import LeaseError
-from router.ha.lease_backend import ControlLease, PersistError, SharedHandoff, build_backend
+from router.ha.keeper import RENEWAL_FAILED, LeaseKeeper
+from router.ha.lease import Lease
+from router.ha.lease_backend import ControlLease, as_control_lease, build_backend
+from router.ha.persist import HandoffStore, Persister, PersistError
 from router.ha.settings import HARuntime
 from router.ha.standby import StandbyLoop
 from router.ha.transfer import Handover, LifecycleView, ProbeSchedule
 
 log = logging.getLogger("narwhal.ha")
-RENEWAL_FAILED = "lease renewal failed"
-ETCD_UNAVAILABLE = "etcd unavailable"
+__all__ = ["RENEWAL_FAILED", "HAService", "choose_resume"]
 
 Stage = Callable[[], Awaitable[object]]
 
@@ -51,14 +50,53 @@ class MonitorView(Protocol):
     async def check_identities(self, engines: list[str] | None = None) -> None: ...
 
 
-def resume_epoch_problem(doc: Handoff, claimed: int, fenced_store: bool = False) -> str:
-    """With a lease, only the document of the epoch just before ours may be resumed. From a fenced
-    store (etcd) any older epoch is fine too: no holder since could have written anything else."""
-    if doc.epoch == claimed - 1 or (fenced_store and doc.epoch < claimed):
-        return ""
-    if doc.epoch < claimed - 1:
-        return f"handoff epoch {doc.epoch} is older than the fleet's last lease epoch {claimed - 1}"
-    return f"handoff epoch {doc.epoch} cannot precede claimed epoch {claimed}"
+def _newer(a: Handoff, b: Handoff) -> bool:
+    return (a.epoch, a.at) > (b.epoch, b.at)
+
+
+def choose_resume(
+    local: statefile.StateRead,
+    shared: statefile.StateRead | None,
+    lease_epoch: int = 0,
+    names: tuple[str, str] = ("state file", "shared handoff"),
+) -> tuple[Handoff | None, str, str]:
+    """The document ``--resume`` applies: (doc, "", where) or (None, why not, "").
+
+    The newest valid document (epoch, then ``at``) among the local state file and the shared
+    handoff, whichever router wrote it. A damaged copy (torn, empty, symlink, invalid) is only
+    passed over when the document chosen instead belongs to the fleet's last lease epoch: otherwise
+    the damaged copy may have held newer acknowledged state, and nothing is applied.
+    """
+    found = [(r, w) for r, w in ((local, names[0]), (shared, names[1])) if r is not None]
+    valid = [(r.doc, w) for r, w in found if r.doc is not None]
+    damaged = [r.reason for r, _ in found if r.kind not in ("ok", "missing")]
+    if not valid:
+        reasons = damaged or [local.reason]
+        return None, "; ".join(reasons), ""
+    doc, where = valid[0]
+    for other, other_where in valid[1:]:
+        if _newer(other, doc):
+            doc, where = other, other_where
+    if damaged and doc.epoch < lease_epoch:
+        return (
+            None,
+            f"{'; '.join(damaged)}; the newest valid handoff (epoch {doc.epoch}) is older than the lease's last epoch {lease_epoch}",
+            "",
+        )
+    return doc, "", where
+
+
+def _keep_rejected(path: Path) -> None:
+    """The next write replaces the refused file: keep a copy as evidence (never via a symlink)."""
+    raw, kind, detail = statefile.read_raw(path)
+    if raw is None:
+        if kind == "symlink":
+            log.warning("refused state file not copied: %s", detail)
+        return
+    try:
+        statefile.write_bytes(path.with_name(path.name + ".rejected"), raw)
+    except OSError as exc:
+        log.warning("cannot keep a copy of the refused handoff %s: %s", path, exc)
 
 
 class HAService:
@@ -66,8 +104,8 @@ class HAService:
         self,
         core: RouterCore,
         settings: HARuntime,
-        lease: ControlLease | None = None,
-        shared: SharedHandoff | None = None,
+        lease: ControlLease | Lease | None = None,
+        shared: HandoffStore | None = None,
         *,
         lifecycle: LifecycleView | None = None,
         breaker: ProbeSchedule | None = None,
@@ -78,18 +116,27 @@ class HAService:
         self.lifecycle = lifecycle
         self.monitor = monitor
         self.handover = Handover(core, lifecycle, breaker)
+        # the configured backend (router/ha/lease_backend.py): file lease, etcd, or none
         built_lease, built_shared, self.etcd_client = build_backend(settings, core.clock)
-        self.lease: ControlLease | None = lease if lease is not None else built_lease
-        self.shared: SharedHandoff | None = shared if shared is not None else built_shared
+        self.lease: ControlLease | None = as_control_lease(lease) if lease is not None else built_lease
         core.control.lease = self.lease  # unowned until claimed: no control before start()
+        self.keeper = (
+            LeaseKeeper(
+                self.lease, core.control, settings.lease_renew_interval_s, self._epoch_floor, self._claimed
+            )
+            if self.lease is not None
+            else None
+        )
         self.standby_loop: StandbyLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._controlled_at_shutdown: bool | None = None
         self.resume_result: tuple[bool, str] | None = None
         self.takeover_gap_s: float | None = None
-        self.persist_failures = 0
+        if shared is None:
+            shared = built_shared
+        self.shared = shared  # where a successor finds our state (written first)
+        self.persister = Persister(self.handover.build, settings.state_path, shared, on_change=self._degraded)
         self.monitored = False  # the monitor pass runs the periodic write (write_handoff)
-        self._write_lock = asyncio.Lock()  # the final snapshot at stop() is never overtaken
         self._stopping = False
 
     # -- component protocol ----------------------------------------------------------------------
@@ -108,13 +155,50 @@ class HAService:
             self._spawn(self.standby_loop.run(), "narwhal-standby")
             log.info("standby of %s (lease %s)", self.settings.standby_of, self.lease.describe())
             return
-        if self.lease is not None and not await self._claim_at_start(self.lease):
-            if self.lease.reclaims:  # etcd: claim again once etcd answers and the holder key is free
-                self._spawn(self._reclaim_loop(self.lease), "narwhal-lease-reclaim")
-            return  # file lease: fenced, no resume, no renewal, never a second claim
-        if self.settings.resume:
-            await self.resume()
+        if self.keeper is not None:
+            claimed = await self.keeper.claim_at_start()
+            if claimed is False:
+                return  # held by another router: fenced, no resume, no renewal, no second claim
+            if claimed is None:  # store unreachable or record damaged: claim in the background
+                self._spawn(self._claim_later(), "narwhal-lease-claim")
+                return
+            assert self.lease is not None
+            log.info("lease claimed: epoch %d holder %s", self.lease.epoch, self.lease.holder)
+        await self._claimed(0)
         self._start_loops()
+
+    async def _claim_later(self) -> None:
+        assert self.keeper is not None
+        if await self.keeper.claim_until_held(0):
+            self._start_loops()
+
+    async def _claimed(self, previous_epoch: int) -> str:
+        """After a claim: ``--resume`` at start; after a re-claim, a newer handoff written meanwhile
+        by another holder is applied first. Returns "" or why this router must not control."""
+        if not previous_epoch:
+            if self.settings.resume:
+                await self.resume()
+            return ""
+        if self.shared is None:
+            return ""
+        found = await self.shared.read()
+        if found.doc is None or found.doc.epoch <= previous_epoch:
+            return ""
+        applied, why = self.handover.apply(found.doc)
+        if not applied:
+            return f"lease claimed again, but the newer handoff was not applied: {why}"
+        log.warning("lease claimed again: %s", why)
+        return ""
+
+    async def _epoch_floor(self) -> int:
+        """The highest epoch in the handoff documents this router can read (local + shared)."""
+        local = await asyncio.to_thread(statefile.read, self.settings.state_path)
+        shared = await self.shared.read() if self.shared is not None else None
+        docs = [r.doc for r in (local, shared) if r is not None and r.doc is not None]
+        loop = self.standby_loop
+        if loop is not None and loop.doc is not None:
+            docs.append(loop.doc)
+        return max((d.epoch for d in docs), default=0)
 
     async def stop(self) -> None:
         controlled = self._controlled_at_shutdown
@@ -127,10 +211,9 @@ class HAService:
                 await task
         self._tasks.clear()
         self._stopping = True
-        async with self._write_lock:  # a monitor-pass write still in flight lands first
-            if controlled and self.core.controls_fleet():
-                with contextlib.suppress(PersistError):
-                    await self._persist_now()  # final snapshot with the latest counters
+        if controlled and self.core.controls_fleet():  # final snapshot with the latest counters
+            with contextlib.suppress(PersistError):  # (after any write in flight: one lock)
+                await self.persister.persist()
         if self.lease is not None and self.lease.owned:
             await self.lease.release()
         if self.etcd_client is not None:
@@ -139,188 +222,74 @@ class HAService:
     async def _on_shutdown(self, _: web.Application) -> None:
         self._controlled_at_shutdown = self.core.controls_fleet()
 
-    # -- lease -----------------------------------------------------------------------------------
-    async def _claim_at_start(self, lease: ControlLease) -> bool:
-        control = self.core.control
-        try:
-            claimed = await lease.claim()
-        except EtcdKeyRefused as exc:
-            control.fence(str(exc))
-            log.error("router fenced: %s", exc)
-            return False
-        except LeaseError as exc:
-            control.fence(f"{ETCD_UNAVAILABLE}: {exc}" if lease.reclaims else f"lease unavailable: {exc}")
-            log.error("router fenced: %s", control.failover_blocked)
-            return False
-        if not claimed:
-            control.fence("lease held by another router")
-            log.error("router fenced: lease %s held by another router", lease.describe())
-            return False
-        log.info("lease claimed: epoch %d holder %s", lease.epoch, lease.holder)
-        return True
+    # -- persistence (router/ha/persist.py) ------------------------------------------------------
+    @property
+    def persist_failures(self) -> int:
+        return self.persister.failures
 
-    async def _renew_loop(self, lease: ControlLease) -> None:
-        """Renew every interval. The file lease fences on the first failure (peer rule); etcd
-        retries until the local validity runs out, so a leader election costs nothing."""
-        interval = self.settings.lease_renew_interval_s
-        while lease.owned:
-            await asyncio.sleep(interval)
-            if not lease.owned:
-                break
-            if await lease.renew():
-                continue
-            while lease.reclaims and lease.owned and lease.remaining() > 0:
-                await asyncio.sleep(min(0.1, interval / 4))
-                if await lease.renew():
-                    break
-            if lease.owned and lease.valid():
-                continue
-            self.core.control.fence(RENEWAL_FAILED if not lease.reclaims else self._etcd_reason(lease))
-            log.error(
-                "router fenced: lease renewal failed for epoch %d (%s)", lease.epoch, self._etcd_reason(lease)
-            )
-            break
-        if lease.reclaims and not self._stopping:
-            await lease.release()  # best effort: the next claim takes a new epoch
-            await self._reclaim_loop(lease)
+    def _degraded(self, reason: str) -> None:
+        self.core.persist_degraded = reason
 
-    @staticmethod
-    def _etcd_reason(lease: ControlLease) -> str:
-        why = getattr(lease, "last_error", "") or "lease lost"
-        return f"{ETCD_UNAVAILABLE}: {why}" if "unavailable" in why else f"{RENEWAL_FAILED}: {why}"
-
-    async def _reclaim_loop(self, lease: ControlLease) -> None:
-        """etcd: claim again (epoch + 1) once etcd answers and nobody holds the lease, then take
-        over with the handoff stored in etcd. Waits on a watch of the holder key, not a poll."""
-        control = self.core.control
-        interval = self.settings.lease_renew_interval_s
-        while not self._stopping:
-            try:
-                claimed = await lease.claim()
-            except EtcdKeyRefused as exc:
-                control.fence(str(exc))
-                await lease.wait_vacant(self.settings.lease_ttl_s)
-                continue
-            except LeaseError as exc:
-                control.fence(f"{ETCD_UNAVAILABLE}: {exc}")
-                await asyncio.sleep(interval)
-                continue
-            if not claimed:
-                control.fence("lease held by another router")
-                await lease.wait_vacant(self.settings.lease_ttl_s)
-                continue
-            why = await self._adopt_stored_handoff(lease)
-            if why:
-                control.fence(why)
-                log.error("router fenced: %s", why)
-                await lease.release()
-                await lease.wait_vacant(self.settings.lease_ttl_s)
-                continue
-            control.take_control(lease)
-            log.warning("lease claimed again: epoch %d holder %s", lease.epoch, lease.holder)
-            self._start_loops()
-            with contextlib.suppress(PersistError):
-                await self._persist_now()
-            return
-
-    async def _adopt_stored_handoff(self, lease: ControlLease) -> str:
-        """After a re-claim: apply the stored handoff unless it is this process's own (our memory
-        is at least as fresh: nothing is acknowledged before it is stored). "" or why not."""
-        if self.shared is None:
-            return ""
-        try:
-            doc = await self.shared.read()
-        except (LeaseError, ValueError) as exc:
-            return f"stored handoff unusable: {exc}"
-        if doc is None or doc.holder == lease.holder:
-            return ""
-        if doc.epoch >= lease.epoch:
-            return f"handoff epoch {doc.epoch} cannot precede claimed epoch {lease.epoch}"
-        applied, why = self.handover.apply(doc)
-        return "" if applied else why
-
-    # -- persistence -----------------------------------------------------------------------------
     async def persist(self) -> bool:
-        """Make the live handoff durable now: the shared copy (file beside the lease, or the fenced
-        etcd write), then ``recovery.state_path``. False when this router does not control the
-        fleet; raises ``PersistError`` when the shared copy did not commit (no acknowledgement)."""
+        """Make the live handoff durable now (shared copy first, then ``recovery.state_path``).
+
+        False (nothing written) unless this router controls the fleet; raises ``PersistError``
+        when the state is not where a successor would find it. The lifecycle awaits this before
+        answering any mutation.
+        """
         if not self.core.controls_fleet():
             return False
-        async with self._write_lock:
-            await self._persist_now()
+        await self.persister.persist()
         return True
 
-    async def _persist_now(self) -> None:
-        try:
-            doc = self.handover.build()
-        except ValueError as exc:
-            self.persist_failures += 1
-            raise PersistError(f"handoff invalid: {exc}") from None
-        if self.shared is not None:
-            try:
-                await self.shared.write(doc)
-            except PersistError as exc:
-                self.persist_failures += 1
-                log.warning("%s", exc)
-                raise
-        try:
-            await asyncio.to_thread(statefile.write, self.settings.state_path, doc)
-        except (OSError, ValueError) as exc:
-            self.persist_failures += 1
-            log.warning("cannot write handoff %s: %s", self.settings.state_path, exc)
-            if self.shared is None:
-                raise PersistError(f"state file {self.settings.state_path} not written: {exc}") from None
-
     async def write_handoff(self) -> None:
-        """The periodic write (monitor stage ``handoff``); raises when the state cannot be written."""
-        async with self._write_lock:
-            if self._stopping or not self.core.controls_fleet():
-                return
-            await self._persist_now()
+        """The periodic write (monitor stage ``handoff``). A failure degrades the *control* plane
+        (``core.persist_degraded``: mutations refused, /ready and /metrics say why), never serving,
+        so it is not raised into the monitor's health."""
+        if self._stopping or not self.core.controls_fleet():
+            return
+        with contextlib.suppress(PersistError):
+            await self.persister.persist()
 
     async def _persist_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.persist_interval_s)
-            with contextlib.suppress(PersistError):
-                await self.write_handoff()
+            await self.write_handoff()
 
     async def resume(self) -> tuple[bool, str]:
-        """``--resume``: apply the state file (etcd backend: the handoff stored in etcd, the local
-        file only when etcd holds none), all or nothing; a refusal is logged with its reason."""
-        path = Path(self.settings.state_path)
-        doc, why = await asyncio.to_thread(statefile.load_reason, path)
-        from_etcd = self.etcd_client is not None and self.shared is not None
-        if from_etcd and self.shared is not None:
-            try:
-                stored = await self.shared.read()
-            except (LeaseError, ValueError) as exc:
-                stored, doc, why = None, None, f"etcd handoff unusable: {exc}"
-            if stored is not None:
-                doc, why = stored, ""
-        if doc is not None and self.lease is not None and self.lease.owned:
-            why = resume_epoch_problem(doc, self.lease.epoch, fenced_store=from_etcd)
+        """``--resume``: apply the newest valid document among the local state file and the shared
+        handoff, all or nothing; a refusal is logged with its reason (and kept as ``.rejected``)."""
+        local_path = Path(self.settings.state_path)
+        local = await asyncio.to_thread(statefile.read, local_path)
+        shared = await self.shared.read() if self.shared is not None else None
+        names = (str(local_path), self._shared_name())
+        doc, why, source = choose_resume(local, shared, self._last_lease_epoch, names)
+        for found, where in ((local, str(local_path)), (shared, self._shared_name())):
+            if found is not None and found.kind not in ("ok", "missing"):
+                log.warning("state at %s: %s", where, found.reason)
+        if doc is not None and self.lease is not None and self.lease.owned and doc.epoch >= self.lease.epoch:
+            why = f"handoff epoch {doc.epoch} cannot precede claimed epoch {self.lease.epoch}"
         applied = False
-        if not why:
+        if doc is not None and not why:
             applied, why = self.handover.apply(doc)
+        source = source or str(local_path)
         self.resume_result = (applied, why)
         if applied:
-            log.info("%s", why)
+            log.info("%s (from %s)", why, source)
             return applied, why
-        log.warning("handoff not applied (%s): %s", path, why)
-        self._keep_rejected(path)
-        if self.core.config.engine_contract is not None and await asyncio.to_thread(path.exists):
+        log.warning("handoff not applied (%s): %s", source, why)
+        await asyncio.to_thread(_keep_rejected, local_path)
+        if self.core.config.engine_contract is not None and local.kind != "missing":
             self._restart_wave(f"handoff rejected: {why}")
         return applied, why
 
-    @staticmethod
-    def _keep_rejected(path: Path) -> None:
-        """The next periodic write replaces the refused file: keep a copy as evidence."""
-        if not path.exists():
-            return
-        try:
-            shutil.copyfile(path, path.with_name(path.name + ".rejected"))
-        except OSError as exc:
-            log.warning("cannot keep a copy of the refused handoff %s: %s", path, exc)
+    @property
+    def _last_lease_epoch(self) -> int:
+        """The epoch the lease record held before our claim (0: none, or no lease)."""
+        return self.lease.previous_epoch if self.lease is not None else 0
+
+    def _shared_name(self) -> str:
+        return self.shared.describe() if self.shared is not None else "shared handoff"
 
     def _restart_wave(self, reason: str) -> None:
         if self.lifecycle is not None:
@@ -347,13 +316,13 @@ class HAService:
         loop = self.standby_loop
         if loop is not None and loop.last_good_mono is not None:
             self.takeover_gap_s = core.clock.monotonic() - loop.last_good_mono
-        with contextlib.suppress(PersistError):
-            await self.persist()
+        with contextlib.suppress(PersistError):  # reported as control degraded
+            await self.persister.persist()
         return ""
 
     def _start_loops(self) -> None:
-        if self.lease is not None and self.lease.owned:
-            self._spawn(self._renew_loop(self.lease), "narwhal-lease-renewal")
+        if self.keeper is not None and self.lease is not None and self.lease.owned:
+            self._spawn(self.keeper.renew_forever(), "narwhal-lease-renewal")
         if self.monitor is not None:  # after claim/resume/takeover: never overwrite an unread file
             self.monitor.add_stage("handoff", self.write_handoff)
             self.monitored = True
@@ -385,8 +354,8 @@ class HAService:
             "epoch": control.epoch,
             "holder": control.holder,
             "lease_path": self.settings.lease_path,
-            "lease_backend": "etcd" if self.settings.etcd_endpoints else ("file" if self.lease else ""),
-            "lease": self.lease.describe() if self.lease is not None else "",
+            "lease_backend": "etcd" if self.settings.etcd_endpoints else ("file" if lease else ""),
+            "lease": lease.describe() if lease is not None else "",
             "lease_valid": lease.valid() if lease is not None else None,
             "lease_remaining_s": round(lease.remaining(), 3) if lease is not None else None,
             "standby_of": self.settings.standby_of,
@@ -394,6 +363,7 @@ class HAService:
             "takeover_gap_s": self.takeover_gap_s,
             "state_path": self.settings.state_path,
             "persist_failures": self.persist_failures,
+            "persist_degraded": self.persister.degraded,
         }
 
     def metric_lines(self) -> Iterable[str]:
@@ -408,6 +378,12 @@ class HAService:
             "# HELP narwhal_router_standby 1 while this router shadows a primary.",
             "# TYPE narwhal_router_standby gauge",
             f"narwhal_router_standby {int(self.core.control.standby and not self.core.control.failover_blocked)}",
+            "# HELP narwhal_persist_failures_total State writes (shared handoff or state file) that failed.",
+            "# TYPE narwhal_persist_failures_total counter",
+            f"narwhal_persist_failures_total {self.persist_failures}",
+            "# HELP narwhal_persist_degraded 1 while the last state write failed (lifecycle changes refused).",
+            "# TYPE narwhal_persist_degraded gauge",
+            f"narwhal_persist_degraded {int(bool(self.persister.degraded))}",
         ]
 
 

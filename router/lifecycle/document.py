@@ -133,12 +133,22 @@ def build_document(
 
 
 # -- request bodies ---------------------------------------------------------------------------
+def _no_duplicates(engines: list[str]) -> list[str]:
+    """A request naming an engine twice is malformed (422), not silently de-duplicated."""
+    twice = sorted({iid for iid in engines if engines.count(iid) > 1})
+    if twice:
+        raise ValueError(f"duplicate engine ID(s): {', '.join(twice)}")
+    return engines
+
+
 class DrainRequest(_Strict):
     """``POST /narwhal/lifecycle/drain``; ``wave: true`` with no engines means every engine."""
 
     engines: list[StrictStr] = Field(default_factory=list, description="engine IDs to drain")
     wave: StrictBool = Field(default=False, description="drain the whole fleet as one wave")
     deadline_s: float = Field(default=300.0, description="seconds until the drain deadline (> 0)")
+
+    _unique = field_validator("engines")(_no_duplicates)
 
     @field_validator("deadline_s", mode="before")
     @classmethod
@@ -155,6 +165,8 @@ class ReadmitRequest(_Strict):
 
     engines: list[StrictStr] = Field(default_factory=list, description="engine IDs to validate")
     wave: StrictBool = Field(default=False, description="validate and readmit the active wave")
+
+    _unique = field_validator("engines")(_no_duplicates)
 
 
 class RequestError(ValueError):

@@ -128,7 +128,8 @@ class LifecycleMonitor:
             self.stages.append((name, stage))
 
     def _on_eject(self, iid: str, cause: str) -> None:
-        self.machine.require_restart_wave(f"engine {iid} was excluded")
+        if self.core.controls_fleet():  # active-active: a follower never mutates the lifecycle
+            self.machine.require_restart_wave(f"engine {iid} was excluded")
 
     # -- loop -------------------------------------------------------------------------------
     async def _run(self) -> None:

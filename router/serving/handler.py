@@ -186,7 +186,7 @@ class Serving:
         except web.HTTPRequestEntityTooLarge:
             raise _Settled(self._too_large(rec, limit)) from None
         try:
-            parsed = parse_request(raw, endpoint, self.model)
+            parsed = parse_request(raw, endpoint, self.model, self.core.max_tokens_limit())
         except ClientError as err:
             raise _Settled(
                 self._settle(rec, "invalid_requests", err.code or "invalid_request", err)
@@ -304,6 +304,7 @@ class Serving:
         rec.decode_iid = d.iid
         dbody = decode_body(body, self.model, None if d.iid == p.iid else desc)
         d.resident_decode += 1
+        d.opening_decode += 1  # until the engine has answered the leg (active-active acknowledgement)
         stream = None
         clean = False
         st = StreamState()
@@ -312,7 +313,10 @@ class Serving:
         try:
             try:
                 async with asyncio.timeout(self.first_token_timeout):
-                    stream = await engines.open_decode(d.iid, d.url, path, dbody, xrid + "-decode")
+                    try:
+                        stream = await engines.open_decode(d.iid, d.url, path, dbody, xrid + "-decode")
+                    finally:
+                        d.opening_decode -= 1
                     while True:
                         payload = await stream.next_data()
                         if payload is None:

@@ -147,7 +147,7 @@ async def test_not_controlling_skips_the_pass_entirely() -> None:
     assert stage.calls == 0 and core.monitoring_degraded == ""
 
 
-async def test_handoff_write_is_a_monitor_stage(tmp_path: Path) -> None:
+async def test_handoff_write_is_a_monitor_stage_that_degrades_control_not_serving(tmp_path: Path) -> None:
     core, monitor, _ = setup(limit=2)
     (tmp_path / "not-a-dir").write_text("")
     bad = tmp_path / "not-a-dir" / "state.json"  # unwritable: its parent is a file
@@ -158,10 +158,14 @@ async def test_handoff_write_is_a_monitor_stage(tmp_path: Path) -> None:
         assert ha._tasks == []  # no writer loop of its own: the monitor pass writes
         await monitor.pass_once()
         await monitor.pass_once()
-        assert core.monitoring_degraded.startswith("handoff ") and ha.persist_failures == 2
-        ha.settings = HARuntime(state_path=str(tmp_path / "state.json"))
+        assert ha.persist_failures == 2 and core.monitoring_degraded == ""  # serving goes on
+        assert core.persist_degraded.startswith(f"state not persisted: state file {bad} not written: ")
+        assert core.ready() and core.prefill_hold_reason() == ""
+        assert "narwhal_persist_failures_total 2" in list(ha.metric_lines())
+        ha.persister.state_path = tmp_path / "state.json"
         await monitor.pass_once()
-        assert core.monitoring_degraded == "" and (tmp_path / "state.json").exists()
+        assert core.persist_degraded == "" and (tmp_path / "state.json").exists()
+        assert "narwhal_persist_degraded 0" in list(ha.metric_lines())
     finally:
         await ha.stop()
 
