@@ -22,6 +22,7 @@ from router.ha.lease_backend import ControlLease, as_control_lease
 log = logging.getLogger("narwhal.ha")
 RENEWAL_FAILED = "lease renewal failed"
 HELD_ELSEWHERE = "lease held by another router"
+CONTENDED = -1  # ``on_claimed`` argument after taking the lease over from another holder
 
 
 class LeaseKeeper:
@@ -42,6 +43,9 @@ class LeaseKeeper:
         self.on_claimed = on_claimed
         self.renewal_errors = 0
         self.reclaims = 0
+        # etcd: a router that finds the lease held elsewhere keeps contending (a watch on the
+        # holder key) instead of staying fenced for good (the file lease keeps the peer rule)
+        self.contends = bool(getattr(self.lease, "reclaims", False))
         self._recovered_logged = ""
 
     async def _floor(self) -> int:
@@ -86,7 +90,7 @@ class LeaseKeeper:
             result = await self._claim()
             if result is False:
                 self._fence(HELD_ELSEWHERE)
-                return False
+                return await self.contend() if self.contends else False
             if result:
                 why = await self.on_claimed(previous_epoch)
                 if why:
@@ -95,6 +99,26 @@ class LeaseKeeper:
                 self.control.take_control(self.lease)
                 log.warning("lease claimed again: epoch %d", self.lease.epoch)
                 return True
+
+    async def contend(self) -> bool:
+        """etcd: wait (a watch, not a poll) until the holder key vanishes, then claim and take
+        over with the stored handoff. True once this router controls; False if refused for good."""
+        while True:
+            await self.lease.wait_vacant(max(1.0, 8 * self.interval_s))
+            result = await self._claim()
+            if result is None:
+                await asyncio.sleep(self.retry_s)
+                continue
+            if result is False:
+                continue  # still held (or just re-claimed by someone else): keep watching
+            why = await self.on_claimed(CONTENDED)
+            if why:
+                self._fence(why)
+                await self.lease.release()
+                return False
+            self.control.take_control(self.lease)
+            log.warning("lease taken over: epoch %d", self.lease.epoch)
+            return True
 
     def _fence(self, reason: str) -> None:
         self.control.fence(reason)
@@ -134,6 +158,9 @@ class LeaseKeeper:
             if not renewed:
                 self._fence(RENEWAL_FAILED)
                 log.error("router fenced: lease renewal failed for epoch %d", lease.epoch)
+                if self.contends and await self.contend():
+                    delay = self.interval_s
+                    continue
                 return
             self._note_recovery()
             delay = self.interval_s
