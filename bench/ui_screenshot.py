@@ -187,9 +187,9 @@ def own_stack(args: argparse.Namespace) -> None:
     try:
         ui = f"http://127.0.0.1:{args.base_port + 3}"  # fleet/up/ports.py: ui = base + 3
         address = f"127.0.0.1:{args.base_port}"
-        wait_for(log, "narwhal-up: ready", up, 120)
+        wait_for(log, "narwhal-up: ready", up, 300)
         # mid-restart: the first engine is done, the next in progress → live "current details"
-        wait_for(log, "[restart] running: restarting e1", up, 120)
+        wait_for(log, "[restart] running: restarting e1", up, 300)
         shoot_workflow(ui, address, WORKFLOW_ID, Path(args.out), args.budget_ms)
         wait_for(log, "narwhal-up summary", up, 300)
     finally:
