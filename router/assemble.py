@@ -167,7 +167,7 @@ def assemble(config: FleetConfig, options: RouterOptions | None = None, clock: C
     life.service.persist_hooks.append(ha.persist)  # the state file follows every lifecycle change
     parts.metrics.extra_metric_sources.append(ha.metric_lines)
     settings, endpoints = replica_wiring.settings_for(config, options, ha.settings)
-    replicas = replica_wiring.replica_components(core, life.service, settings, endpoints, parts.prober)
+    replicas = replica_wiring.replica_components(core, life.service, settings, endpoints, parts.prober, ha)
     router = Router(core, options, parts, life.service, life.monitor, ha, ContextLimits(core), replicas)
     router.app = build_app(core, router.components(), client_max_size=config.serving.max_request_bytes)
     router.app[ROUTER_KEY] = router

@@ -116,6 +116,9 @@ class HAService:
         self.lifecycle = lifecycle
         self.monitor = monitor
         self.handover = Handover(core, lifecycle, breaker)
+        # active-active (router/replicas): a claim after another holder adopts only the lifecycle
+        # (counters and breaker evidence stay each replica's own); None = the whole handoff
+        self.adopt: Callable[[Handoff], tuple[bool, str]] | None = None
         # the configured backend (router/ha/lease_backend.py): file lease, etcd, or none
         built_lease, built_shared, self.etcd_client = build_backend(settings, core.clock)
         self.lease: ControlLease | None = as_control_lease(lease) if lease is not None else built_lease
@@ -319,6 +322,30 @@ class HAService:
         with contextlib.suppress(PersistError):  # reported as control degraded
             await self.persister.persist()
         return ""
+
+    async def contend(self) -> bool:
+        """Active-active: claim the lease if it is free (the holder's key expired); True when this
+        router now controls the fleet, with the newest stored lifecycle adopted (``adopt``)."""
+        keeper, lease = self.keeper, self.lease
+        if keeper is None or lease is None or lease.owned or self._stopping:
+            return False
+        if not await keeper.try_claim():
+            return False
+        found = await self.shared.read() if self.shared is not None else None
+        doc = found.doc if found is not None else None
+        if doc is not None and doc.holder != lease.holder:
+            applied, why = (self.adopt or self.handover.apply)(doc)
+            if not applied:
+                self.core.control.fence(f"lease claimed, but the stored handoff was not applied: {why}")
+                log.error("%s", self.core.control.failover_blocked)
+                await lease.release()
+                return False
+        self.core.control.take_control(lease)
+        log.warning("lease claimed: epoch %d holder %s (the previous holder's key expired)", lease.epoch, lease.holder)
+        self._start_loops()
+        with contextlib.suppress(PersistError):  # reported as control degraded
+            await self.persister.persist()
+        return True
 
     def _start_loops(self) -> None:
         if self.keeper is not None and self.lease is not None and self.lease.owned:

@@ -31,8 +31,10 @@ import orjson
 from aiohttp import web
 
 from router.core import RouterCore
+from router.ha import transfer
 from router.ha.etcd_client import EtcdClient, EtcdError, WatchEvent, op_range, prefix_end
-from router.ha.handoff import HandoffError, validate
+from router.ha.handoff import Handoff, HandoffError, validate
+from router.lifecycle.machine import LifecycleError
 from router.lifecycle.service import LifecycleService
 from router.replicas import rules
 from router.replicas.follow import Follower
@@ -104,7 +106,8 @@ class ReplicaService:
         self.coalescer = rules.Coalescer(settings.min_interval_s)
         self.lease_id = 0
         self.registered = False
-        self.on_holder_gone: list[Callable[[], Awaitable[None]]] = []  # takeover contenders
+        self.contend: Callable[[], Awaitable[bool]] | None = None  # HAService.contend (takeover)
+        self._vacant = asyncio.Event()  # the holder key is absent: contend for the lease
         self.on_start: list[Callable[[], None]] = []  # adaptations of components started before us
         self.watch_errors = 0
         self.publishes = 0
@@ -127,6 +130,8 @@ class ReplicaService:
         self._spawn(self._publish_loop(), "narwhal-replica-publish")
         self._spawn(self._watch_members(), "narwhal-replica-members")
         self._spawn(self._watch_state(), "narwhal-replica-state")
+        if self.contend is not None:
+            self._spawn(self._contend_loop(self.contend), "narwhal-replica-contend")
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -307,12 +312,32 @@ class ReplicaService:
 
     def _holder(self, raw: bytes | None) -> None:
         self.replicas.holder_id = holder_router_id(raw) if raw is not None else ""
+        if raw is None:
+            self._vacant.set()
+        else:
+            self._vacant.clear()
 
     async def _holder_event(self, event: WatchEvent) -> None:
         self._holder(event.kv.value if event.type == "PUT" else None)
-        if event.type == "DELETE":
-            for contend in list(self.on_holder_gone):
-                await contend()
+
+    async def _contend_loop(self, contend: Callable[[], Awaitable[bool]]) -> None:
+        """Whenever the holder key is absent (its lease expired), try to become the holder. etcd's
+        claim transaction picks one winner; the others see the new key and keep following."""
+        while True:
+            await self._vacant.wait()
+            if self.core.controls_fleet():
+                self._vacant.clear()
+                continue
+            try:
+                won = await contend()
+            except Exception as exc:  # a failed attempt is retried while the key stays absent
+                log.warning("claim attempt failed: %s: %s", type(exc).__name__, exc)
+                won = False
+            if won:
+                self._vacant.clear()
+                log.warning("replica %s now controls the fleet", self.settings.replica_id)
+            else:
+                await asyncio.sleep(0.2)
 
     def _state(self, revision: int, raw: bytes) -> None:
         try:
@@ -331,6 +356,22 @@ class ReplicaService:
                 log.error("%s", self.follower.blocked)
         self.replicas.version = max(self.replicas.version, self.follower.version)
         self._notify()
+
+    # -- takeover -----------------------------------------------------------------------------
+    def adopt(self, doc: Handoff) -> tuple[bool, str]:
+        """``HAService.adopt`` after this replica claimed the lease: take over the lifecycle (a
+        replacement's restore: ``validating`` becomes ``blocked``), never the dead holder's
+        counters or breaker evidence — those stay per replica."""
+        why = transfer.rejection(doc, self.core)
+        if why:
+            return False, why
+        try:  # the machine's restore, not the service's: identities stay validated — this replica
+            # served on them as a follower; the monitor's liveness sweep re-checks them as holder
+            self.lifecycle.machine.restore(doc.lifecycle)
+        except LifecycleError as exc:
+            return False, f"handoff lifecycle rejected: {exc}"
+        self.follower.section = doc.lifecycle
+        return True, f"lifecycle of epoch {doc.epoch} adopted (run {doc.run})"
 
     # -- acknowledgement (the holder's drain) ------------------------------------------------
     def _notify(self) -> None:

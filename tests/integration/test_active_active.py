@@ -8,6 +8,7 @@ failures per replica, and the epoch after a takeover.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -27,9 +28,11 @@ from tests.integration.active_active_support import (
     start_replica,
     wait_serving,
 )
+from tests.integration.conftest import Temporal
 from tests.integration.lifecycle_support import wait_for
+from tests.integration.restart_support import new_fleet, plan, start, supervisor_restarts, until
 from tests.support.etcd import EtcdCluster
-from tests.support.fleet import start_sims
+from tests.support.fleet import process_start, start_sims, start_supervisor
 from tests.support.procs import proc_group
 
 pytestmark = pytest.mark.integration
@@ -161,3 +164,31 @@ def test_kill9_of_the_holder_under_load_another_replica_controls_and_serving_nev
         assert doc["engines"]["e2"]["state"] == "drained" and doc["engines"]["e2"]["accepts_new"] is False
         for r in survivors:
             assert r.get("/ready").status_code == 200
+
+
+async def test_rolling_restart_over_three_replicas_under_load_through_any_replica(
+    temporal: Temporal, worker_queue: str, tmp_path: Path, etcd_cluster: EtcdCluster, etcd_prefix: str
+) -> None:
+    with proc_group(tmp_path) as group:
+        sup, sims = start_supervisor(group, tmp_path, 4)
+        replicas = [
+            start_replica(group, tmp_path, sims, etcd_cluster.endpoints, etcd_prefix, n)
+            for n in ("r0", "r1", "r2")
+        ]
+        holder = await asyncio.to_thread(wait_serving, replicas)
+        follower = next(r for r in replicas if r is not holder)
+        before = {s.iid: process_start(s.url) for s in sims}
+        with replica_load([r.url for r in replicas], workers=4) as load:
+            await until("load on every replica", lambda: all(load.ok.get(r.url, 0) >= 5 for r in replicas))
+            handle = await start(temporal, worker_queue, plan(new_fleet("aa"), [follower.url], sup))
+            res = await asyncio.wait_for(handle.result(), 240)
+            served = load.total_ok()
+            await until("load after the restart", lambda: load.total_ok() >= served + 20)
+        assert res.ok, res.message
+        for iid, e in res.engines.items():
+            assert e.new_process_start is not None and e.new_process_start > before[iid]
+        assert supervisor_restarts(sup) == {iid: 1 for iid in before}
+        assert load.failures() == []
+        for r in replicas:
+            doc = lifecycle(r)
+            assert all(e["state"] == "active" and e["accepts_new"] for e in doc["engines"].values())
