@@ -16,4 +16,5 @@ if ! command -v docker-compose >/dev/null 2>&1; then
 fi
 docker-compose -f docker-compose.yml config -q
 docker-compose -f docker-compose.yml -f deploy/compose.router-a-standby.yml config -q
+docker-compose -f docker-compose.yml -f deploy/compose.active-active.yml config -q
 echo "check_compose: docker-compose.yml is valid ($(docker-compose version --short))"
