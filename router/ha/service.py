@@ -341,7 +341,9 @@ class HAService:
                 await lease.release()
                 return False
         self.core.control.take_control(lease)
-        log.warning("lease claimed: epoch %d holder %s (the previous holder's key expired)", lease.epoch, lease.holder)
+        log.warning(
+            "lease claimed: epoch %d holder %s (the previous holder's key expired)", lease.epoch, lease.holder
+        )
         self._start_loops()
         with contextlib.suppress(PersistError):  # reported as control degraded
             await self.persister.persist()

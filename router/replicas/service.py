@@ -336,6 +336,10 @@ class ReplicaService:
             if won:
                 self._vacant.clear()
                 log.warning("replica %s now controls the fleet", self.settings.replica_id)
+                self.core.journal.append(
+                    {"event": "replica_control", "action": "claimed", "at": self.core.clock.wall(),
+                     "replica_id": self.settings.replica_id, "epoch": self.core.control.epoch}
+                )  # fmt: skip
             else:
                 await asyncio.sleep(0.2)
 

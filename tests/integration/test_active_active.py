@@ -109,7 +109,7 @@ def test_kill9_of_a_non_holder_with_a_stream_on_the_drained_engine(
         ]
         holder = wait_serving(replicas)
         victim = next(r for r in replicas if r is not holder)
-        LongStream(victim.url, max_tokens=20_000).start()
+        LongStream(victim.url, max_tokens=4000).start()
         target = wait_for(
             "the stream's engine", lambda: stream_engine(replica_resident(holder, replica_id(victim)))
         )
@@ -147,9 +147,8 @@ def test_kill9_of_the_holder_under_load_another_replica_controls_and_serving_nev
         with replica_load([r.url for r in replicas]) as load:
             wait_for("load on every replica", lambda: all(load.ok.get(r.url, 0) >= 5 for r in replicas))
             holder.proc.kill9()
-            killed = time.monotonic()
+            killed = time.time()
             new = wait_for("a new holder", lambda: holder_of(survivors), timeout=30, interval=0.05)
-            took = time.monotonic() - killed
             served = {r.url: load.ok.get(r.url, 0) for r in survivors}
             wait_for(
                 "the survivors keep serving",
@@ -157,7 +156,13 @@ def test_kill9_of_the_holder_under_load_another_replica_controls_and_serving_nev
                 timeout=60,
             )
         assert load.failures([r.url for r in survivors]) == []
-        assert took <= LEASE_TTL + 2 * RENEW + 1.0, f"takeover after {took:.2f}s"
+        # when the new holder took control, from its own journal (the polling above runs under load)
+        claims = wait_for(
+            "the claim in the journal",
+            lambda: [r for r in new.journal_rows() if r.get("event") == "replica_control"],
+        )
+        took = claims[0]["at"] - killed
+        assert took <= LEASE_TTL + 2 * RENEW, f"takeover after {took:.2f}s"
         ready = new.get("/ready").json()
         assert ready["epoch"] == epoch + 1
         doc = lifecycle(new)
