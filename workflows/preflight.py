@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from activities.router import NOT_CONTROLLING, parse_lifecycle
+from activities.router import NOT_CONTROLLING, holder_hint, parse_lifecycle
 from workflows.models import DeadlinePolicy, FleetView, RestartMode, SupervisorBackend, fleet_slug
 
 
@@ -63,7 +63,8 @@ async def _get(http: httpx.AsyncClient, url: str, token_env: str = "") -> tuple[
 async def find_holder(http: httpx.AsyncClient, routers: list[str], token_env: str) -> FleetView:
     answers: list[str] = []
     holder: FleetView | None = None
-    for url in routers:
+    order = list(routers)
+    for url in order:  # grows by the holder URL an active-active replica names
         try:
             status, body = await _get(http, f"{url}/narwhal/lifecycle", token_env)
         except httpx.HTTPError as exc:
@@ -76,6 +77,9 @@ async def find_holder(http: httpx.AsyncClient, routers: list[str], token_env: st
         answers.append(f"{url}: controls_fleet={view.controls_fleet}")
         if view.controls_fleet and holder is None:
             holder = view
+        hint = holder_hint(body)
+        if hint and hint not in order:
+            order.append(hint)
     if holder is None:
         if not any("controls_fleet" in a for a in answers):
             raise PreflightError("no router answered the lifecycle API: " + "; ".join(answers))
