@@ -22,6 +22,7 @@ from router.ha.lease_backend import ControlLease, as_control_lease
 log = logging.getLogger("narwhal.ha")
 RENEWAL_FAILED = "lease renewal failed"
 HELD_ELSEWHERE = "lease held by another router"
+CONTENDED = -1  # ``on_claimed`` argument after taking the lease over from another holder
 
 
 class LeaseKeeper:
@@ -42,6 +43,9 @@ class LeaseKeeper:
         self.on_claimed = on_claimed
         self.renewal_errors = 0
         self.reclaims = 0
+        # etcd: a router that finds the lease held elsewhere keeps contending (a watch on the
+        # holder key) instead of staying fenced for good (the file lease keeps the peer rule)
+        self.contends = bool(getattr(self.lease, "reclaims", False))
         self._recovered_logged = ""
 
     async def _floor(self) -> int:
@@ -51,13 +55,13 @@ class LeaseKeeper:
             log.warning("cannot read handoff epochs before claiming: %s", exc)
             return 0
 
-    async def _claim(self) -> bool | None:
+    async def _claim(self, unavailable: str = "lease unavailable") -> bool | None:
         """True claimed, False held by another live holder, None not yet (error or damage)."""
         floor = await self._floor()
         try:
             claimed = await self.lease.claim(floor)
         except LeaseError as exc:
-            self.control.failover_blocked = f"lease unavailable: {exc}"
+            self.control.failover_blocked = f"{unavailable}: {exc}"
             return None
         if claimed:
             self._note_recovery()
@@ -85,12 +89,13 @@ class LeaseKeeper:
 
     async def claim_until_held(self, previous_epoch: int) -> bool:
         """Retry the claim until it succeeds (True) or another holder owns the lease (False)."""
+        unavailable = "lease renewal failing" if previous_epoch else "lease unavailable"
         while True:
             await asyncio.sleep(self.retry_s)
-            result = await self._claim()
+            result = await self._claim(unavailable)
             if result is False:
                 self._fence(HELD_ELSEWHERE)
-                return False
+                return await self.contend() if self.contends else False
             if result:
                 why = await self.on_claimed(previous_epoch)
                 if why:
@@ -99,6 +104,26 @@ class LeaseKeeper:
                 self.control.take_control(self.lease)
                 log.warning("lease claimed again: epoch %d", self.lease.epoch)
                 return True
+
+    async def contend(self) -> bool:
+        """etcd: wait (a watch, not a poll) until the holder key vanishes, then claim and take
+        over with the stored handoff. True once this router controls; False if refused for good."""
+        while True:
+            await self.lease.wait_vacant(max(1.0, 8 * self.interval_s))
+            result = await self._claim()
+            if result is None:
+                await asyncio.sleep(self.retry_s)
+                continue
+            if result is False:
+                continue  # still held (or just re-claimed by someone else): keep watching
+            why = await self.on_claimed(CONTENDED)
+            if why:
+                self._fence(why)
+                await self.lease.release()
+                return False
+            self.control.take_control(self.lease)
+            log.warning("lease taken over: epoch %d", self.lease.epoch)
+            return True
 
     def _fence(self, reason: str) -> None:
         self.control.fence(reason)
@@ -138,6 +163,9 @@ class LeaseKeeper:
             if not renewed:
                 self._fence(RENEWAL_FAILED)
                 log.error("router fenced: lease renewal failed for epoch %d", lease.epoch)
+                if self.contends and await self.contend():
+                    delay = self.interval_s
+                    continue
                 return
             self._note_recovery()
             delay = self.interval_s

@@ -28,7 +28,7 @@ from aiohttp import web
 from router.core import RouterCore
 from router.ha import statefile
 from router.ha.handoff import Handoff
-from router.ha.keeper import RENEWAL_FAILED, LeaseKeeper
+from router.ha.keeper import CONTENDED, RENEWAL_FAILED, LeaseKeeper
 from router.ha.lease import Lease
 from router.ha.lease_backend import ControlLease, as_control_lease, build_backend
 from router.ha.persist import HandoffStore, Persister, PersistError
@@ -160,8 +160,10 @@ class HAService:
             return
         if self.keeper is not None:
             claimed = await self.keeper.claim_at_start()
-            if claimed is False:
-                return  # held by another router: fenced, no resume, no renewal, no second claim
+            if claimed is False:  # held by another router: fenced (file lease: for good)
+                if self.keeper.contends:  # etcd: claim when the holder key vanishes
+                    self._spawn(self._contend_later(), "narwhal-lease-contend")
+                return
             if claimed is None:  # store unreachable or record damaged: claim in the background
                 self._spawn(self._claim_later(), "narwhal-lease-claim")
                 return
@@ -175,6 +177,11 @@ class HAService:
         if await self.keeper.claim_until_held(0):
             self._start_loops()
 
+    async def _contend_later(self) -> None:
+        assert self.keeper is not None
+        if await self.keeper.contend():
+            self._start_loops()
+
     async def _claimed(self, previous_epoch: int) -> str:
         """After a claim: ``--resume`` at start; after a re-claim, a newer handoff written meanwhile
         by another holder is applied first. Returns "" or why this router must not control."""
@@ -185,7 +192,12 @@ class HAService:
         if self.shared is None:
             return ""
         found = await self.shared.read()
-        if found.doc is None or found.doc.epoch <= previous_epoch:
+        if previous_epoch == CONTENDED:  # taken over from another holder: its stored handoff
+            if found.kind not in ("ok", "missing"):
+                return f"lease taken over, but the stored handoff is unusable: {found.reason}"
+            if found.doc is None or (self.lease is not None and found.doc.holder == self.lease.holder):
+                return ""
+        elif found.doc is None or found.doc.epoch <= previous_epoch:
             return ""
         applied, why = self.handover.apply(found.doc)
         if not applied:

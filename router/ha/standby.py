@@ -143,8 +143,9 @@ class StandbyLoop:
         self.doc = doc
         self.misses = 0
         self.last_good_mono = self.core.clock.monotonic()
-        if self.core.control.failover_blocked == "no fresh handoff":
-            self.core.control.failover_blocked = ""
+        # a block set while shadowing (no fresh handoff, lease unavailable or damaged) is transient:
+        # a good probe clears it (a refused takeover ends the loop instead)
+        self.core.control.failover_blocked = ""
         try:
             await asyncio.to_thread(statefile.write, self.settings.state_path, doc)
         except OSError as exc:
@@ -163,6 +164,9 @@ class StandbyLoop:
             while True:
                 result = await self.probe(client)
                 if result.good and result.doc is not None:
+                    if self.last_miss_reason:  # INFO says what changed: the primary is back
+                        log.info("standby: primary answers again after %d missed probes", self.misses)
+                        self.last_miss_reason = ""
                     await self._keep(result.doc)
                 else:
                     self.misses += 1

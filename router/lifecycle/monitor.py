@@ -33,6 +33,7 @@ from typing import Any
 
 from router.attestation import verify_attestation
 from router.core import RouterCore
+from router.engines.identity import same_process
 from router.lifecycle.service import LifecycleService
 from router.probes import Prober
 
@@ -196,7 +197,7 @@ class LifecycleMonitor:
             if start is not None and not problem and accepted is None:
                 self.machine.process_starts[iid] = start
                 continue
-            if start is not None and not problem and start == accepted:
+            if start is not None and not problem and same_process(start, accepted):
                 continue
             if not self.contracted:
                 if start is not None:
