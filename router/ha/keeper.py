@@ -73,10 +73,6 @@ class LeaseKeeper:
             return None
         return False
 
-    async def try_claim(self) -> bool:
-        """One claim attempt without fencing on failure (active-active contenders)."""
-        return bool(await self._claim())
-
     async def claim_at_start(self) -> bool | None:
         """The first claim. None: not yet — the caller runs ``claim_until_held`` in the background."""
         result = await self._claim()

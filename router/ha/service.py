@@ -199,7 +199,7 @@ class HAService:
                 return ""
         elif found.doc is None or found.doc.epoch <= previous_epoch:
             return ""
-        applied, why = self.handover.apply(found.doc)
+        applied, why = (self.adopt or self.handover.apply)(found.doc)
         if not applied:
             return f"lease claimed again, but the newer handoff was not applied: {why}"
         log.warning("lease claimed again: %s", why)
@@ -334,32 +334,6 @@ class HAService:
         with contextlib.suppress(PersistError):  # reported as control degraded
             await self.persister.persist()
         return ""
-
-    async def contend(self) -> bool:
-        """Active-active: claim the lease if it is free (the holder's key expired); True when this
-        router now controls the fleet, with the newest stored lifecycle adopted (``adopt``)."""
-        keeper, lease = self.keeper, self.lease
-        if keeper is None or lease is None or lease.owned or self._stopping:
-            return False
-        if not await keeper.try_claim():
-            return False
-        found = await self.shared.read() if self.shared is not None else None
-        doc = found.doc if found is not None else None
-        if doc is not None and doc.holder != lease.holder:
-            applied, why = (self.adopt or self.handover.apply)(doc)
-            if not applied:
-                self.core.control.fence(f"lease claimed, but the stored handoff was not applied: {why}")
-                log.error("%s", self.core.control.failover_blocked)
-                await lease.release()
-                return False
-        self.core.control.take_control(lease)
-        log.warning(
-            "lease claimed: epoch %d holder %s (the previous holder's key expired)", lease.epoch, lease.holder
-        )
-        self._start_loops()
-        with contextlib.suppress(PersistError):  # reported as control degraded
-            await self.persister.persist()
-        return True
 
     def _start_loops(self) -> None:
         if self.keeper is not None and self.lease is not None and self.lease.owned:

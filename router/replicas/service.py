@@ -11,7 +11,8 @@ Keys under the HA prefix (``docs/ha.md``, active-active):
   watches it; a follower applies each newer revision to its placement (``follow.Follower``); the
   revision is the lifecycle *version*.
 - ``<prefix>holder`` — the lease holder's key (HA backend); watched for the holder's replica id
-  (the document's ``replicas.holder_url``) and to contend for control when it disappears.
+  (the document's ``replicas.holder_url``); the HA backend's lease keeper contends for the lease
+  when it disappears, and a takeover adopts the stored lifecycle only (``adopt``).
 
 The holder's drain answers 200 only after ``acknowledge()``: every live replica's key reports the
 committed version (or expired). Nothing here decides who controls the fleet: that is the lease.
@@ -23,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,8 +107,6 @@ class ReplicaService:
         self.coalescer = rules.Coalescer(settings.min_interval_s)
         self.lease_id = 0
         self.registered = False
-        self.contend: Callable[[], Awaitable[bool]] | None = None  # HAService.contend (takeover)
-        self._vacant = asyncio.Event()  # the holder key is absent: contend for the lease
         self.on_start: list[Callable[[], None]] = []  # adaptations of components started before us
         self.watch_errors = 0
         self.publishes = 0
@@ -130,8 +129,6 @@ class ReplicaService:
         self._spawn(self._publish_loop(), "narwhal-replica-publish")
         self._spawn(self._watch_members(), "narwhal-replica-members")
         self._spawn(self._watch_state(), "narwhal-replica-state")
-        if self.contend is not None:
-            self._spawn(self._contend_loop(self.contend), "narwhal-replica-contend")
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -312,36 +309,9 @@ class ReplicaService:
 
     def _holder(self, raw: bytes | None) -> None:
         self.replicas.holder_id = holder_router_id(raw) if raw is not None else ""
-        if raw is None:
-            self._vacant.set()
-        else:
-            self._vacant.clear()
 
     async def _holder_event(self, event: WatchEvent) -> None:
         self._holder(event.kv.value if event.type == "PUT" else None)
-
-    async def _contend_loop(self, contend: Callable[[], Awaitable[bool]]) -> None:
-        """Whenever the holder key is absent (its lease expired), try to become the holder. etcd's
-        claim transaction picks one winner; the others see the new key and keep following."""
-        while True:
-            await self._vacant.wait()
-            if self.core.controls_fleet():
-                self._vacant.clear()
-                continue
-            try:
-                won = await contend()
-            except Exception as exc:  # a failed attempt is retried while the key stays absent
-                log.warning("claim attempt failed: %s: %s", type(exc).__name__, exc)
-                won = False
-            if won:
-                self._vacant.clear()
-                log.warning("replica %s now controls the fleet", self.settings.replica_id)
-                self.core.journal.append(
-                    {"event": "replica_control", "action": "claimed", "at": self.core.clock.wall(),
-                     "replica_id": self.settings.replica_id, "epoch": self.core.control.epoch}
-                )  # fmt: skip
-            else:
-                await asyncio.sleep(0.2)
 
     def _state(self, revision: int, raw: bytes) -> None:
         try:
@@ -375,6 +345,13 @@ class ReplicaService:
         except LifecycleError as exc:
             return False, f"handoff lifecycle rejected: {exc}"
         self.follower.section = doc.lifecycle
+        log.warning(
+            "replica %s takes control with the lifecycle of epoch %d", self.settings.replica_id, doc.epoch
+        )
+        self.core.journal.append(
+            {"event": "replica_control", "action": "claimed", "at": self.core.clock.wall(),
+             "replica_id": self.settings.replica_id, "previous_epoch": doc.epoch}
+        )  # fmt: skip
         return True, f"lifecycle of epoch {doc.epoch} adopted (run {doc.run})"
 
     # -- acknowledgement (the holder's drain) ------------------------------------------------

@@ -78,7 +78,6 @@ def replica_components(
     service.on_start.append(lambda: adapt_prober(service, prober))  # after the monitor set its validator
     if ha is not None:
         ha.adopt = service.adopt  # a takeover adopts the lifecycle only
-        service.contend = ha.contend  # every replica contends when the holder's key expires
     return [service]
 
 
