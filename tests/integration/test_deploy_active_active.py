@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -23,10 +24,13 @@ HAPROXY = REPO / "deploy" / "haproxy-active-active.cfg"
 REPLICAS = ("router-a", "router-b", "router-c")
 
 
-def merged() -> dict[str, Any]:
+def merged(tmp_path: Path) -> dict[str, Any]:
+    env_file = tmp_path / "narwhal.env"  # the operator's deploy/narwhal.env is never committed
+    env_file.write_text("NARWHAL_CONTROL_TOKEN=test-only\n", encoding="utf-8")
     proc = subprocess.run(
         ["docker-compose", "-f", "docker-compose.yml", "-f", str(OVERRIDE), "config"],
         cwd=REPO,
+        env={**os.environ, "NARWHAL_ENV_FILE": str(env_file)},
         capture_output=True,
         text=True,
         timeout=120,
@@ -40,8 +44,8 @@ def words(command: Any) -> list[str]:
     return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
 
 
-def test_three_replicas_run_active_active_on_one_etcd_with_distinct_ids() -> None:
-    services = merged()
+def test_three_replicas_run_active_active_on_one_etcd_with_distinct_ids(tmp_path: Path) -> None:
+    services = merged(tmp_path)
     assert {"etcd", "router-lb", *REPLICAS} <= set(services)
     ids, urls = set(), set()
     fleet = load_fleet(REPO / "deploy" / "fleet.json")
@@ -58,12 +62,14 @@ def test_three_replicas_run_active_active_on_one_etcd_with_distinct_ids() -> Non
         runtime = ha_settings.from_options(fleet, options, port=options.port)
         settings, endpoints = replica_wiring.settings_for(fleet, options, runtime)
         assert settings is not None and endpoints == "http://etcd:2379"
-        assert settings.control_url == f"http://{name}:8000"  # what the other replicas and the worker reach
+        # the control listener, what the other replicas and the restart worker reach
+        assert settings.control_url == f"http://{name}:8100"
+        assert services[name]["environment"]["NARWHAL_CONTROL_TOKEN"] == "test-only"
     assert len(ids) == 3 and len(urls) == 3
 
 
-def test_the_balancer_checks_ready_on_every_replica() -> None:
-    services = merged()
+def test_the_balancer_checks_ready_on_every_replica(tmp_path: Path) -> None:
+    services = merged(tmp_path)
     lb = services["router-lb"]
     assert any(str(v).endswith("haproxy.cfg:ro") or "haproxy" in str(v) for v in lb["volumes"])
     cfg = HAPROXY.read_text(encoding="utf-8")
