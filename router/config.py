@@ -1,7 +1,7 @@
 """Fleet file (`narwhal.fleet` v2) → frozen pydantic models. Every default lives here.
 
 A Narwhal 0.7.0 fleet file is accepted unchanged. Keys of subsystems this router does not
-implement (``slo``, ``profiles``, ``engine.tokenize``, role-controller settings under
+implement (``profiles``, ``engine.tokenize``, role-controller settings under
 ``controller``, ``serving.admission``) are accepted and reported once as unused; any other
 unknown key is an error naming the key and the file.
 """
@@ -94,6 +94,7 @@ class ServingSettings(_Frozen):
     max_attempts: int = Field(default=2, ge=1)
     max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    client_write_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
     graceful_timeout_s: float = Field(default=30.0, ge=0)
     admission: str | None = None  # accepted, unused: predictive admission is not implemented
 
@@ -103,6 +104,13 @@ class ServingSettings(_Frozen):
             if not key.startswith("retry_"):
                 raise ValueError(f"unknown key serving.{key}")
         return self
+
+
+class SLOSettings(_Frozen):
+    """Service-level objectives (spec §8 ``slo_met``)."""
+
+    ttft_s: float = Field(gt=0, allow_inf_nan=False)
+    tpot_s: float = Field(gt=0, allow_inf_nan=False)
 
 
 class RecoverySettings(_Frozen):
@@ -183,7 +191,7 @@ class FleetConfig(_Frozen):
     controller: ControllerSettings = ControllerSettings()
     control: ControlSettings = ControlSettings()
     ha: HASettings = HASettings()
-    slo: dict[str, Any] | None = None  # accepted, unused
+    slo: SLOSettings | None = None
     profiles: dict[str, Any] | None = None  # accepted, unused
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -231,7 +239,7 @@ class FleetConfig(_Frozen):
 
     def unused_keys(self) -> list[str]:
         """Keys accepted from the file that this router does not act on (logged once)."""
-        out = [k for k in ("slo", "profiles") if getattr(self, k) is not None]
+        out = [k for k in ("profiles",) if getattr(self, k) is not None]
         if "tokenize" in self.engine.model_fields_set:
             out.append("engine.tokenize")
         if self.serving.admission is not None:

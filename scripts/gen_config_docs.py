@@ -50,8 +50,10 @@ DESCRIPTIONS: dict[str, str] = {
     "controller": "Background monitor loop.",
     "control": "Control-plane security and listener (Narwhal extension).",
     "ha": "Lease and warm-standby settings (Narwhal extension); `narwhal-serve` flags override them.",
-    "slo": "Accepted for compatibility with Narwhal 0.7.0 fleet files, not used by this router "
-    "(logged once at load).",
+    "slo": "Service-level objectives: a served request with TTFT ≤ `ttft_s` and time per output "
+    "token ≤ `tpot_s` counts in `slo_met` (`narwhal_slo_met_total`); absent: `slo_met` stays 0.",
+    "slo.ttft_s": "Time to first token objective, seconds (from arrival at the router).",
+    "slo.tpot_s": "Time per output token objective, seconds (first token to the end, per later token).",
     "profiles": "Accepted for compatibility with Narwhal 0.7.0 fleet files, not used by this router "
     "(logged once at load).",
     # engines[]
@@ -86,7 +88,12 @@ DESCRIPTIONS: dict[str, str] = {
     "(counted `expired`, reason `queue_timeout`); 0 = bounded by `serving.request_timeout_s` only.",
     "serving.max_attempts": "Full prefill+decode attempts per request; never retried after output started.",
     "serving.max_request_bytes": "Largest accepted request body (413 `request_too_large` above).",
-    "serving.max_response_bytes": "Largest engine response relayed to a client.",
+    "serving.max_response_bytes": "Largest engine response (body bytes of one leg) the router "
+    "takes; past it the request fails with reason `response_limit`: 502 before any output reached "
+    "the client, an error event on a started stream. Never retried, no breaker evidence.",
+    "serving.client_write_timeout_s": "How long a streaming client may leave the router's writes "
+    "unread (its connection over the write high-water mark) before the stream is cut: counted "
+    "`cancelled` with reason `slow_client` in the journal, the engine's decode leg is closed.",
     "serving.graceful_timeout_s": "On SIGTERM: how long in-flight requests may finish before the "
     "listener closes.",
     "serving.admission": "Accepted, unused: predictive admission is not implemented.",
