@@ -69,7 +69,6 @@ def build(n: int, tmp: Path) -> tuple[RouterCore, Breaker, LifecycleService]:
     config = parse_fleet(fleet_doc(n, tmp))
     core = RouterCore(config=config, journal=Journal(None))
     breaker = Breaker(core.scheduler, core.clock, config.recovery.eject_after, emit=core.journal.append)
-    core.extras["breaker"] = breaker
     service = LifecycleService(core, eject=breaker.eject)
     service.machine.readmit_hook = lambda iid: breaker.readmit(iid, "lifecycle")
     return core, breaker, service
@@ -140,7 +139,7 @@ def measure(n: int, tmp: Path) -> dict[str, float]:
         return orjson.dumps(build_document(service.machine, core).to_json())
 
     def handoff_doc() -> bytes:
-        return orjson.dumps(transfer.build(core).dump())
+        return orjson.dumps(transfer.build(core, service).dump())
 
     sched = core.scheduler
 

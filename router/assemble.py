@@ -1,7 +1,13 @@
 """Which components a router process runs, wired together. The one place that knows them all.
 
-To add a component: build it in ``build_router`` (it may use ``parts``: engines, breaker, prober,
-metrics, serving, ops) and append it to the list in ``components`` (start order; stop is reversed).
+``assemble`` builds the component graph once: every component receives the collaborators it uses
+as typed constructor arguments (or small ``Protocol``s: ``ha.transfer.LifecycleView``,
+``ha.service.MonitorView``); nothing is looked up at run time. The result, ``Router``, names every
+component; the application carries it under ``ROUTER_KEY`` (tests and in-process tools read it
+there).
+
+To add a component: build it in ``assemble`` from the parts it uses, give it a field on ``Router``
+and a place in ``Router.components`` (start order; stop is reversed).
 To add an option: add a field (with its default) to ``RouterOptions`` and a flag of the same name in
 ``router/cli.py``; ``cli.options_from_args`` copies flags to fields by name.
 """
@@ -11,7 +17,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
@@ -19,11 +24,14 @@ from router.app import Component, build_app
 from router.breaker import Breaker
 from router.clock import Clock, SystemClock
 from router.config import FleetConfig
+from router.context_limits import ContextLimits
 from router.core import RouterCore
 from router.engines.legs import EngineClient
 from router.ha import settings as ha_settings
 from router.ha.service import HAService
 from router.journal import Journal
+from router.lifecycle.monitor import LifecycleMonitor
+from router.lifecycle.service import LifecycleService
 from router.lifecycle.wiring import install_control_auth, lifecycle_components
 from router.listeners import install_listener_split
 from router.metrics import MetricsRenderer, ServingStats
@@ -58,7 +66,6 @@ class RouterOptions:
     # control listener (router/listeners.py; None = fleet file ``control.host`` / ``control.port``)
     control_host: str | None = None
     control_port: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # free-form, for experiments
 
     def validate(self) -> None:
         """Raise ValueError (CLI: exit 2) for values that cannot work; runs before anything starts."""
@@ -103,33 +110,63 @@ def build_parts(core: RouterCore, options: RouterOptions) -> RouterParts:
     return RouterParts(engines, breaker, prober, stats, metrics, serving, ops)
 
 
-def ha_component(core: RouterCore, parts: RouterParts, options: RouterOptions) -> HAService:
-    ha = HAService(core, ha_settings.from_options(core.config, options, port=options.port))
-    parts.metrics.extra_metric_sources.append(ha.metric_lines)
-    return ha
+@dataclass
+class Router:
+    """The component graph of one router process (built by ``assemble``)."""
+
+    core: RouterCore
+    options: RouterOptions
+    parts: RouterParts
+    lifecycle: LifecycleService
+    monitor: LifecycleMonitor
+    ha: HAService
+    context: ContextLimits
+    app: web.Application = field(init=False)  # built from ``components()`` by ``assemble``
+
+    def components(self) -> list[Component]:
+        p = self.parts
+        return [
+            p.engines,  # shared engine sessions: first to start, last to stop
+            p.serving,
+            p.ops,
+            p.prober,
+            self.context,  # max_tokens bound from the engines' max_model_len
+            self.lifecycle,  # /narwhal/lifecycle (router/lifecycle)
+            self.monitor,  # identity / liveness / readmission / handoff stages
+            self.ha,  # lease, handoff, state file, standby (router/ha)
+        ]
 
 
-def build_router(
-    config: FleetConfig, options: RouterOptions | None = None, clock: Clock | None = None
-) -> tuple[web.Application, RouterCore]:
+ROUTER_KEY: web.AppKey[Router] = web.AppKey("narwhal_router", Router)
+
+
+def assemble(config: FleetConfig, options: RouterOptions | None = None, clock: Clock | None = None) -> Router:
     options = options or RouterOptions()
     core = RouterCore(
         config=config, journal=Journal(journal_path(config, options)), clock=clock or SystemClock()
     )
     parts = build_parts(core, options)
-    core.extras["parts"] = parts
-    core.extras["options"] = options
+    life = lifecycle_components(core, parts.breaker, parts.prober, parts.metrics)
+    ha = HAService(
+        core,
+        ha_settings.from_options(config, options, port=options.port),
+        lifecycle=life.service,
+        breaker=parts.breaker,
+        monitor=life.monitor,
+    )
+    life.service.persist_hooks.append(ha.persist)  # the state file follows every lifecycle change
+    parts.metrics.extra_metric_sources.append(ha.metric_lines)
+    router = Router(core, options, parts, life.service, life.monitor, ha, ContextLimits(core))
+    router.app = build_app(core, router.components(), client_max_size=config.serving.max_request_bytes)
+    router.app[ROUTER_KEY] = router
+    install_control_auth(router.app, config)  # lifecycle: /narwhal/* bearer token (control.token_env)
+    install_listener_split(router.app, config, options)  # /narwhal/* only on the control listener
+    return router
 
-    components: list[Component] = [
-        parts.engines,  # shared engine sessions: first to start, last to stop
-        parts.serving,
-        parts.ops,
-        parts.prober,
-        # --- lifecycle / HA components go here, e.g. LifecycleApi(core, parts), HAComponent(core, options)
-        *lifecycle_components(core, parts),  # lifecycle: API + monitor (router/lifecycle/wiring.py)
-        ha_component(core, parts, options),  # HA: lease, handoff, state file, standby (router/ha)
-    ]
-    app = build_app(core, components, client_max_size=config.serving.max_request_bytes)
-    install_control_auth(app, config)  # lifecycle: /narwhal/* bearer token (control.token_env)
-    install_listener_split(app, config, options)  # /narwhal/* only on the control listener, if any
-    return app, core
+
+def build_router(
+    config: FleetConfig, options: RouterOptions | None = None, clock: Clock | None = None
+) -> tuple[web.Application, RouterCore]:
+    """``assemble``'s application and core (the graph is ``app[ROUTER_KEY]``)."""
+    router = assemble(config, options, clock)
+    return router.app, router.core

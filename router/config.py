@@ -95,6 +95,9 @@ class ServingSettings(_Frozen):
     max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     client_write_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    # a request's max_tokens above this (or above the smallest max_model_len the engines report
+    # in /v1/models) is a 400 before any engine is touched; None: only the reported context bounds
+    max_tokens_limit: int | None = Field(default=None, ge=1)
     graceful_timeout_s: float = Field(default=30.0, ge=0)
     admission: str | None = None  # accepted, unused: predictive admission is not implemented
 

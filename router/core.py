@@ -1,12 +1,12 @@
 """RouterCore: the state every router component shares, and the readiness predicates (spec §3.4).
 
-Components (serving, breaker, lifecycle, HA) receive the core; none of them owns another.
+Components (serving, breaker, lifecycle, HA) receive the core plus the other components they use
+as typed constructor arguments (wired once in ``router/assemble.py``); the core holds state only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from router.clock import Clock, SystemClock
 from router.config import FleetConfig
@@ -27,9 +27,12 @@ class RouterCore:
     counters: Counters = field(default_factory=Counters)
     identities_ready: bool = True  # false until the startup/takeover identity check passes
     monitoring_degraded: str = ""  # "<stage> <Class>" while monitoring is degraded
+    # why the last state write failed ("" = persisted): lifecycle changes are refused, serving goes on
+    persist_degraded: str = ""
+    # the smallest max_model_len the engines report (router/context_limits.py); None: not reported
+    model_context: int | None = None
     started_wall: float = field(init=False)
     started_mono: float = field(init=False)
-    extras: dict[str, Any] = field(default_factory=dict)
     # consolidation-risk events (spec §9.3): serving records "first_token_timeout" here
     demand_risk: DemandRisk = field(init=False)
 
@@ -38,7 +41,11 @@ class RouterCore:
         self.started_wall = self.clock.wall()
         self.started_mono = self.clock.monotonic()
         self.demand_risk = DemandRisk(self.clock)
-        self.extras.setdefault("demand_risk", self.demand_risk)
+
+    def max_tokens_limit(self) -> int | None:
+        """The largest ``max_tokens`` a request may ask for (None: unbounded)."""
+        limits = [v for v in (self.config.serving.max_tokens_limit, self.model_context) if v is not None]
+        return min(limits) if limits else None
 
     # -- predicates (spec §3.4) -------------------------------------------------------------
     def controls_fleet(self) -> bool:

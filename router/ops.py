@@ -11,6 +11,11 @@ from router.metrics import CONTENT_TYPE, MetricsRenderer
 _JSON = "application/json"
 
 
+def _lease_problem(core: RouterCore) -> str:
+    lease = core.control.lease
+    return str(getattr(lease, "problem", "") or getattr(lease, "recovered", "") or "")
+
+
 class Ops:
     def __init__(self, core: RouterCore, metrics: MetricsRenderer) -> None:
         self.core = core
@@ -49,6 +54,10 @@ class Ops:
             "epoch": core.control.epoch,
             "holder": core.control.holder,
             "reason": "" if ready else core.ready_reason(),
+            # the control plane cannot persist state: lifecycle changes are refused (serving goes on)
+            "control_degraded": core.persist_degraded,
+            # damage found in the lease record now, else what the last recovery of it did
+            "lease_problem": _lease_problem(core),
         }
         headers = None if ready else {"retry-after": "1"}
         return web.Response(

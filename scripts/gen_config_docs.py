@@ -94,6 +94,10 @@ DESCRIPTIONS: dict[str, str] = {
     "serving.client_write_timeout_s": "How long a streaming client may leave the router's writes "
     "unread (its connection over the write high-water mark) before the stream is cut: counted "
     "`cancelled` with reason `slow_client` in the journal, the engine's decode leg is closed.",
+    "serving.max_tokens_limit": "Largest `max_tokens` / `max_completion_tokens` a request may ask for: "
+    "above it (or above the smallest `max_model_len` the engines report in `/v1/models`) the request "
+    "is a 400 `context_length_exceeded` that touches no engine. Unset: only the reported context "
+    "bounds it.",
     "serving.graceful_timeout_s": "On SIGTERM: how long in-flight requests may finish before the "
     "listener closes.",
     "serving.admission": "Accepted, unused: predictive admission is not implemented.",

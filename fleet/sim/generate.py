@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -12,7 +13,14 @@ import orjson
 from aiohttp import web
 
 from fleet.sim import openai as oai
-from fleet.sim.state import EngineState, flat_block_ids, output_tokens, prompt_token_ids, token_text
+from fleet.sim.state import (
+    EngineState,
+    flat_block_ids,
+    iter_tokens,
+    output_tokens,
+    prompt_token_ids,
+    token_text,
+)
 
 PULL_TIMEOUT_S = 5.0
 _GARBLED = {"do_remote_prefill": True, "remote_engine_id": 0, "remote_block_ids": "garbled"}
@@ -104,6 +112,14 @@ class Generator:
         st.stats.requests[p.kind] += 1
         if p.model is not None and p.model != st.served_model:
             return error_response(404, f"The model `{p.model}` does not exist.", "NotFoundError", "model")
+        limit = st.cfg.max_model_len
+        if p.prompt_tokens + p.max_tokens > limit:  # as vLLM: checked before any work is queued
+            msg = (
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{p.prompt_tokens + p.max_tokens} tokens ({p.prompt_tokens} in the messages, "
+                f"{p.max_tokens} in the completion). Please reduce the length of the messages or completion."
+            )
+            return error_response(400, msg, "BadRequestError", "max_tokens")
         if st.should_error():
             st.stats.errors += 1
             return error_response(500, "simulated engine failure", "InternalServerError")
@@ -136,13 +152,13 @@ class Generator:
         prefill_ms = cfg.ttft_base_ms + (0 if p.kind == "decode" else cfg.ttft_per_token_ms * p.prompt_tokens)
         ttft = (prefill_ms + slow) / 1000
         itl = (cfg.itl_ms + slow) / 1000
-        tokens = output_tokens(p.key, cfg.seed, p.max_tokens)
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
         meta = oai.Meta(("chatcmpl-" if p.chat else "cmpl-") + rid, int(time.time()), st.served_model, p.chat)
         prompt_ids = prompt_token_ids(p.key, p.prompt_tokens) if p.return_token_ids else None
         empty = st.faults.generation_fail
         headers = {"x-request-id": rid}
         if not p.stream:
+            tokens = output_tokens(p.key, cfg.seed, p.max_tokens)  # bounded by max_model_len above
             await asyncio.sleep(ttft + itl * (len(tokens) - 1))
             await st.unhung.wait()
             kv = self._descriptor(p)
@@ -150,7 +166,8 @@ class Generator:
             self._account(p, 0 if empty else len(tokens))
             body = oai.full_body(meta, text, tokens, prompt_ids, p.prompt_tokens, kv, empty)
             return json_response(body, headers=headers)
-        return await self._stream(request, p, meta, tokens, prompt_ids, ttft, itl, headers)
+        lazy = iter_tokens(p.key, cfg.seed, p.max_tokens)  # nothing allocated per token up front
+        return await self._stream(request, p, meta, lazy, prompt_ids, ttft, itl, headers)
 
     def _account(self, p: oai.Parsed, n: int) -> None:
         self.state.stats.completed += 1
@@ -162,7 +179,7 @@ class Generator:
         request: web.Request,
         p: oai.Parsed,
         meta: oai.Meta,
-        tokens: list[int],
+        tokens: Iterator[int],
         prompt_ids: list[int] | None,
         ttft: float,
         itl: float,
@@ -183,7 +200,7 @@ class Generator:
                 for i, tok in enumerate(tokens):
                     await asyncio.sleep(ttft if i == 0 else itl)
                     await st.unhung.wait()
-                    last = i == len(tokens) - 1
+                    last = i == p.max_tokens - 1
                     ids = [tok] if p.return_token_ids else None
                     frame = oai.chunk(
                         meta,

@@ -8,7 +8,7 @@ import random
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,14 +28,17 @@ def approx_tokens(text: str) -> int:
     return len(text) // 4 + 1
 
 
-def output_tokens(key: bytes, seed: int, n: int) -> list[int]:
-    """Deterministic token ids for a prompt key (same prompt + seed → same tokens on any engine)."""
+def iter_tokens(key: bytes, seed: int, n: int) -> Iterator[int]:
+    """Deterministic token ids for a prompt key (same prompt + seed → same tokens on any engine),
+    produced one at a time: a stream never allocates per requested token up front."""
     x = int.from_bytes(hashlib.blake2b(key + seed.to_bytes(8, "little", signed=True), digest_size=8).digest())
-    out: list[int] = []
     for _ in range(n):
         x = (x * 6364136223846793005 + 1442695040888963407) & _MASK64
-        out.append(100 + (x >> 33) % 31_900)
-    return out
+        yield 100 + (x >> 33) % 31_900
+
+
+def output_tokens(key: bytes, seed: int, n: int) -> list[int]:
+    return list(iter_tokens(key, seed, n))
 
 
 def token_text(token_id: int) -> str:

@@ -159,6 +159,20 @@ class EngineControl:
             raise EngineAnswerError("/v1/models has no data list")
         return [str(m.get("id")) for m in data if isinstance(m, dict) and "id" in m]
 
+    async def context_length(self, iid: str) -> int | None:
+        """The ``max_model_len`` the engine reports for the configured model (None: not reported)."""
+        resp = await self.client().get(
+            self.spec(iid).url + "/v1/models", headers=self.headers, timeout=self.control_timeout
+        )
+        doc = _json(resp, "/v1/models")
+        data = doc.get("data") if isinstance(doc, dict) else None
+        for entry in data if isinstance(data, list) else ():
+            if isinstance(entry, dict) and entry.get("id") == self.config.model:
+                value = entry.get("max_model_len")
+                if type(value) is int and value > 0:
+                    return value
+        return None
+
     # -- generation -------------------------------------------------------------------------
     async def generate(self, iid: str) -> None:
         body = {

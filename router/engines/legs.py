@@ -68,12 +68,15 @@ class LegFailure(Exception):
 
     @property
     def client_fault(self) -> bool:
-        """The prefill engine refused the client's body (400/413/422): answered as is, never retried.
+        """The engine refused the client's body (400/413/422): answered as is, never retried.
 
-        A decode-leg 4xx follows a successful prefill of the same body, so it is the hand-off's or
-        the engine's fault: 502 and retryable.
+        On the prefill leg any such refusal; on the decode leg only one naming a limit of the
+        request (context length, ``max_tokens``). Any other decode-leg 4xx follows a successful
+        prefill of the same body, so it is the hand-off's or the engine's fault: 502 and retryable.
         """
-        return self.kind == "rejected" and self.phase == "prefill" and self.status in _CLIENT_FAULT_STATUSES
+        if self.kind != "rejected" or self.status not in _CLIENT_FAULT_STATUSES:
+            return False
+        return self.phase == "prefill" or _names_a_request_limit(self.detail)
 
     @property
     def final(self) -> bool:
@@ -85,6 +88,16 @@ class LegFailure(Exception):
         if self.client_fault and self.status is not None:
             return self.status
         return 504 if self.reason == "engine_timeout" else 502
+
+
+# A decode-leg 4xx whose message names a limit of the request itself (vLLM's context-length
+# refusal) is the client's fault too: every engine of the model would refuse it the same way.
+_REQUEST_LIMIT_MARKERS = ("maximum context length", "max_tokens", "max_completion_tokens")
+
+
+def _names_a_request_limit(detail: str) -> bool:
+    text = detail.lower()
+    return any(marker in text for marker in _REQUEST_LIMIT_MARKERS)
 
 
 def _classify(exc: BaseException, phase: str, iid: str) -> LegFailure:

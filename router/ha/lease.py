@@ -7,7 +7,7 @@ safety margin); *local* validity is a deadline on the holder's monotonic clock
 
 Layers:
 
-- ``LeaseRecord`` / ``parse_record`` / ``encode_record``: the document, strict (fail closed).
+- ``LeaseRecord`` (pydantic) / ``parse_record`` / ``encode_record``: the document, strict (fail closed).
 - ``claim_rule`` / ``renew_rule`` / ``release_rule``: pure decisions from (record, holder, now).
 - ``LeaseBackend``: read-modify-write under a lock; ``FileLeaseBackend`` uses ``flock`` on
   ``<path>.lock`` and writes through a temp file + ``os.replace``.
@@ -17,6 +17,7 @@ Layers:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import math
@@ -26,84 +27,108 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from router.clock import Clock, SystemClock
 from router.config import check_lease_timing
 
-SCHEMA = "narwhal.router-lease"
-SCHEMA_VERSION = 1
-_KEYS = frozenset({"epoch", "expires_at", "holder", "schema", "schema_version", "updated_at"})
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+SCHEMA: Final = "narwhal.router-lease"
+SCHEMA_VERSION: Final = 1
 
 
 class LeaseError(RuntimeError):
     """The lease store cannot be read or written, or holds a malformed record (fail closed)."""
 
 
-# -- the document ---------------------------------------------------------------------------
+class LeaseCorrupt(LeaseError):
+    """The lease record exists but is not a valid ``narwhal.router-lease`` v1 document."""
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseRecord:
-    epoch: int
-    holder: str
+class Unreadable:
+    """What ``LeaseBackend.update`` passes for a record that exists but does not parse."""
+
+    problem: str
+
+
+# -- the document ---------------------------------------------------------------------------
+
+
+class LeaseRecord(BaseModel):
+    """The persisted ``narwhal.router-lease`` v1 record. Strict: a wrong type, a missing or unknown
+    key, a non-finite time or another schema raises (``record_from_doc`` turns that into
+    ``LeaseError``: fail closed)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    epoch: int = Field(ge=1)
+    holder: str = Field(min_length=1)
     expires_at: float
     updated_at: float
+    schema_: Literal["narwhal.router-lease"] = Field(alias="schema")
+    schema_version: int
+
+    @field_validator("schema_version")
+    @classmethod
+    def _v1(cls, v: int) -> int:
+        if v != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {v} is not {SCHEMA_VERSION}")
+        return v
+
+    @classmethod
+    def of(cls, epoch: int, holder: str, expires_at: float, updated_at: float) -> LeaseRecord:
+        """A validated v1 record (the rules build records with this)."""
+        return cls(
+            epoch=epoch,
+            holder=holder,
+            expires_at=expires_at,
+            updated_at=updated_at,
+            schema=SCHEMA,
+            schema_version=SCHEMA_VERSION,
+        )
 
     def to_doc(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "expires_at": self.expires_at,
-            "holder": self.holder,
-            "schema": SCHEMA,
-            "schema_version": SCHEMA_VERSION,
-            "updated_at": self.updated_at,
-        }
+        return self.model_dump(by_alias=True)
 
 
-def _finite(name: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise LeaseError(f"lease record: {name} must be a number")
-    if not math.isfinite(v):
-        raise LeaseError(f"lease record: {name} must be finite")
-    return float(v)
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'record'}: {err['msg']}" for err in exc.errors()
+    )
 
 
 def record_from_doc(doc: Any) -> LeaseRecord:
     """Validate a decoded lease document; anything unexpected raises ``LeaseError``."""
     if not isinstance(doc, dict):
         raise LeaseError("lease record must be a JSON object")
-    keys = set(doc)
-    if keys != _KEYS:
-        missing, extra = sorted(_KEYS - keys), sorted(keys - _KEYS)
-        raise LeaseError(f"lease record keys wrong (missing {missing}, unknown {extra})")
-    if doc["schema"] != SCHEMA:
-        raise LeaseError(f"lease record schema {doc['schema']!r} is not {SCHEMA!r}")
-    version = doc["schema_version"]
-    if isinstance(version, bool) or version != SCHEMA_VERSION:
-        raise LeaseError(f"lease record schema_version {version!r} is not {SCHEMA_VERSION}")
-    epoch = doc["epoch"]
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
-        raise LeaseError("lease record: epoch must be an integer >= 1")
-    holder = doc["holder"]
-    if not isinstance(holder, str) or not holder:
-        raise LeaseError("lease record: holder must be a non-empty string")
-    return LeaseRecord(
-        epoch, holder, _finite("expires_at", doc["expires_at"]), _finite("updated_at", doc["updated_at"])
-    )
+    try:
+        return LeaseRecord.model_validate(doc)
+    except ValidationError as exc:
+        raise LeaseError(f"lease record invalid: {_problems(exc)}") from None
 
 
 def parse_record(raw: bytes) -> LeaseRecord:
+    """Decode a lease record; ``LeaseCorrupt`` for anything that is not a valid one."""
+    if not raw.strip():
+        raise LeaseCorrupt("lease record is empty")
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise LeaseError(f"lease record is not valid JSON: {exc}") from None
-    return record_from_doc(doc)
+        raise LeaseCorrupt(f"lease record is not valid JSON: {exc}") from None
+    try:
+        return record_from_doc(doc)
+    except LeaseCorrupt:
+        raise
+    except LeaseError as exc:
+        raise LeaseCorrupt(str(exc)) from None
 
 
 def encode_record(record: LeaseRecord) -> bytes:
     for name, v in (("expires_at", record.expires_at), ("updated_at", record.updated_at)):
-        if not math.isfinite(v):
+        if not math.isfinite(v):  # a model_construct'ed record skipped validation
             raise LeaseError(f"refusing to write a lease record with non-finite {name}")
     return (json.dumps(record.to_doc(), sort_keys=True, allow_nan=False) + "\n").encode()
 
@@ -111,30 +136,54 @@ def encode_record(record: LeaseRecord) -> bytes:
 # -- pure rules (spec §3.1) ---------------------------------------------------------------------
 
 
-def claim_rule(current: LeaseRecord | None, holder: str, now: float, ttl: float) -> LeaseRecord | None:
-    """The record a claim writes, or None when another holder's unexpired lease stands."""
-    if current is not None and current.expires_at > now:
+def claim_rule(
+    current: LeaseRecord | Unreadable | None,
+    holder: str,
+    now: float,
+    ttl: float,
+    floor: int = 0,
+    wait_until: float = 0.0,
+) -> LeaseRecord | None:
+    """The record a claim writes, or None when another holder's unexpired lease stands.
+
+    Epochs never go backwards: a new claim takes an epoch above both the record's and ``floor``
+    (the highest epoch the claimer saw anywhere: handoff documents, earlier records). A record that
+    is unreadable or vanished may still belong to a live holder: it is claimable only from
+    ``wait_until`` on (the last expiry the claimer saw, or a full TTL after it first saw the damage).
+    """
+    if isinstance(current, Unreadable) or current is None:
+        if now < wait_until:
+            return None
+        return LeaseRecord.of(floor + 1, holder, now + ttl, now)
+    if current.expires_at > now:
         if current.holder != holder:
             return None
-        return LeaseRecord(current.epoch, holder, now + ttl, now)
-    epoch = current.epoch + 1 if current is not None else 1
-    return LeaseRecord(epoch, holder, now + ttl, now)
+        return LeaseRecord.of(current.epoch, holder, now + ttl, now)
+    return LeaseRecord.of(max(current.epoch, floor) + 1, holder, now + ttl, now)
 
 
 def renew_rule(
-    current: LeaseRecord | None, holder: str, epoch: int, now: float, ttl: float
+    current: LeaseRecord | Unreadable | None, holder: str, epoch: int, now: float, ttl: float
 ) -> LeaseRecord | None:
-    """The renewed record, or None when the lease is lost (vanished, other holder/epoch, expired)."""
-    if current is None or current.holder != holder or current.epoch != epoch or current.expires_at <= now:
+    """The renewed record, or None when the lease is lost (other holder/epoch, expired).
+
+    An unreadable or vanished record is rewritten by the holder (which holds the lock and knows its
+    epoch); the caller only renews while its own lease is locally valid.
+    """
+    if isinstance(current, Unreadable) or current is None:
+        return LeaseRecord.of(epoch, holder, now + ttl, now)
+    if current.holder != holder or current.epoch != epoch or current.expires_at <= now:
         return None
-    return LeaseRecord(epoch, holder, now + ttl, now)
+    return LeaseRecord.of(epoch, holder, now + ttl, now)
 
 
-def release_rule(current: LeaseRecord | None, holder: str, epoch: int, now: float) -> LeaseRecord | None:
+def release_rule(
+    current: LeaseRecord | Unreadable | None, holder: str, epoch: int, now: float
+) -> LeaseRecord | None:
     """The expired record a release writes, or None to leave a successor's record alone."""
-    if current is None or current.holder != holder or current.epoch != epoch:
+    if not isinstance(current, LeaseRecord) or current.holder != holder or current.epoch != epoch:
         return None
-    return LeaseRecord(epoch, holder, now, now)
+    return LeaseRecord.of(epoch, holder, now, now)
 
 
 # -- settings ---------------------------------------------------------------------------------------
@@ -158,16 +207,19 @@ class LeaseSettings:
 
 # -- backends -----------------------------------------------------------------------------------
 
-Update = Callable[[LeaseRecord | None], LeaseRecord | None]
+Update = Callable[[LeaseRecord | Unreadable | None], LeaseRecord | None]
 
 
 class LeaseBackend(Protocol):
     def read(self) -> LeaseRecord | None:
-        """The current record (None: no lease file); ``LeaseError`` on I/O or malformed data."""
+        """The current record (None: no record); ``LeaseCorrupt`` for a malformed one,
+        ``LeaseError`` on I/O errors."""
         ...
 
     def update(self, fn: Update) -> LeaseRecord | None:
-        """Under the lock: read, ``fn(current)``, write the result unless None. Returns what was written."""
+        """Under the lock: read, ``fn(current)``, write the result unless None. Returns what was
+        written. A malformed record is passed as ``Unreadable`` (so it can be recovered); I/O
+        errors raise ``LeaseError``."""
         ...
 
 
@@ -182,29 +234,44 @@ class FileLeaseBackend:
 
     def read(self) -> LeaseRecord | None:
         try:
-            raw = self.path.read_bytes()
+            fd = os.open(self.path, os.O_RDONLY | _NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise LeaseCorrupt(f"lease record {self.path} is a symbolic link (not followed)") from None
+            raise LeaseError(f"cannot read lease {self.path}: {exc.strerror or exc}") from None
+        try:
+            with os.fdopen(fd, "rb") as fh:
+                raw = fh.read()
         except OSError as exc:
             raise LeaseError(f"cannot read lease {self.path}: {exc.strerror or exc}") from None
         return parse_record(raw)
 
+    def _current(self) -> LeaseRecord | Unreadable | None:
+        try:
+            return self.read()
+        except LeaseCorrupt as exc:
+            return Unreadable(str(exc))
+
     def update(self, fn: Update) -> LeaseRecord | None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            lock = self.lock_path.open("a+")
+            lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise LeaseError(f"cannot open lease lock {self.lock_path}: {exc.strerror or exc}") from None
-        with lock:
-            self._lock(lock.fileno())
+        try:
+            self._lock(lock_fd)
             try:
-                new = fn(self.read())
+                new = fn(self._current())
                 if new is not None:
                     self._write(new)
                 return new
             finally:
                 with contextlib.suppress(OSError):
-                    fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+                    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        finally:
+            os.close(lock_fd)
 
     def _lock(self, fd: int) -> None:
         give_up = time.monotonic() + self.lock_timeout_s
@@ -223,10 +290,11 @@ class FileLeaseBackend:
         data = encode_record(record)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
         try:
-            with tmp.open("wb") as fh:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_CLOEXEC, 0o644)
+            with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
                 fh.flush()
-            os.replace(tmp, self.path)
+            os.replace(tmp, self.path)  # replaces a planted symlink itself, never its target
         except OSError as exc:
             raise LeaseError(f"cannot write lease {self.path}: {exc.strerror or exc}") from None
         finally:
@@ -245,7 +313,12 @@ def new_holder(router_id: str) -> str:
 
 
 class Lease:
-    """Claim / renew / release one holder token; ``valid()`` uses the monotonic deadline only."""
+    """Claim / renew / release one holder token; ``valid()`` uses the monotonic deadline only.
+
+    It remembers what it saw of the shared record: the highest epoch (claims go above it), the
+    latest expiry of another holder's record (a record that then turns unreadable or vanishes is
+    claimable only after it), and ``problem``: the last damage found in the record ("" = none).
+    """
 
     def __init__(
         self,
@@ -263,6 +336,12 @@ class Lease:
         self.owned = False
         self.epoch = 0
         self.deadline = 0.0  # monotonic
+        self.previous_epoch = 0  # the record's epoch when we claimed (0: none / unreadable)
+        self.max_epoch_seen = 0
+        self.other_expiry_seen = 0.0  # wall: latest expires_at of another holder's record
+        self.damaged_since: float | None = None  # wall: first sighting of the current damage
+        self.problem = ""  # the record's damage, as last seen ("" = a valid record or none)
+        self.recovered = ""  # what the last recovery did (kept for /ready and the log)
 
     def _local_deadline(self, mono_before: float) -> float:
         return mono_before + self.settings.ttl_s - self.settings.safety_margin_s
@@ -273,37 +352,79 @@ class Lease:
     def remaining(self) -> float:
         return max(0.0, self.deadline - self.clock.monotonic()) if self.owned else 0.0
 
-    def claim(self) -> bool:
-        """True when this holder now owns the lease; False when another holder's lease stands."""
+    def observe(self, current: LeaseRecord | Unreadable | None, now: float) -> None:
+        """Remember a sighting of the shared record (epochs, another holder's expiry, damage)."""
+        if isinstance(current, LeaseRecord):
+            self.max_epoch_seen = max(self.max_epoch_seen, current.epoch)
+            if current.holder != self.holder:
+                self.other_expiry_seen = max(self.other_expiry_seen, current.expires_at)
+            self.damaged_since, self.problem = None, ""
+        elif isinstance(current, Unreadable):
+            if self.damaged_since is None:
+                self.damaged_since = now
+            self.problem = current.problem
+
+    def claim(self, floor: int = 0) -> bool:
+        """True when this holder now owns the lease; False when another holder's lease stands (or a
+        damaged record may still be a live holder's). ``floor``: the highest epoch seen elsewhere."""
         mono = self.clock.monotonic()
         now = self.clock.wall()
+        ttl = self.settings.ttl_s
+        seen: dict[str, LeaseRecord | Unreadable | None] = {}
+
+        def fn(cur: LeaseRecord | Unreadable | None) -> LeaseRecord | None:
+            seen["cur"] = cur
+            self.observe(cur, now)
+            top = max(floor, self.max_epoch_seen)
+            wait = self.other_expiry_seen
+            if isinstance(cur, Unreadable) and self.damaged_since is not None:
+                wait = max(wait, self.damaged_since + ttl)
+            return claim_rule(cur, self.holder, now, ttl, floor=top, wait_until=wait)
+
         try:
-            written = self.backend.update(lambda cur: claim_rule(cur, self.holder, now, self.settings.ttl_s))
+            written = self.backend.update(fn)
         except LeaseError as exc:
             self.owned = False
             raise LeaseError(f"cannot claim lease: {exc}") from None
         if written is None:
             self.owned = False
             return False
+        cur = seen.get("cur")
+        self.previous_epoch = cur.epoch if isinstance(cur, LeaseRecord) else 0
+        if isinstance(cur, Unreadable):
+            self.recovered = f"{cur.problem}: claimed epoch {written.epoch} above every epoch seen"
+        elif cur is None and self.max_epoch_seen:
+            self.recovered = f"lease record missing: claimed epoch {written.epoch} above every epoch seen"
+        self.max_epoch_seen = max(self.max_epoch_seen, written.epoch)
         self.owned, self.epoch, self.deadline = True, written.epoch, self._local_deadline(mono)
+        self.damaged_since, self.problem = None, ""
         return True
 
     def renew(self) -> bool:
-        """Extend the lease; False when it is lost (ownership cleared) or the write failed."""
+        """Extend the lease. False when it is lost (ownership cleared); ``LeaseError`` when the
+        store could not be reached (a local, possibly transient error: ownership kept, local
+        deadline not extended, the caller retries while ``valid()``)."""
         if not self.owned:
             return False
         mono = self.clock.monotonic()
         now = self.clock.wall()
         epoch = self.epoch
-        try:
-            written = self.backend.update(
-                lambda cur: renew_rule(cur, self.holder, epoch, now, self.settings.ttl_s)
-            )
-        except LeaseError:
-            return False  # local deadline not extended; the caller fences
+        seen: dict[str, LeaseRecord | Unreadable | None] = {}
+
+        def fn(cur: LeaseRecord | Unreadable | None) -> LeaseRecord | None:
+            seen["cur"] = cur
+            if not isinstance(cur, LeaseRecord) and not self.valid():
+                return None  # only a holder still inside its validity may rewrite a damaged record
+            return renew_rule(cur, self.holder, epoch, now, self.settings.ttl_s)
+
+        written = self.backend.update(fn)
         if written is None:
             self.owned = False
             return False
+        cur = seen.get("cur")
+        if not isinstance(cur, LeaseRecord):
+            what = cur.problem if isinstance(cur, Unreadable) else "lease record missing"
+            self.recovered = f"{what}: rewritten by the holder at epoch {epoch}"
         self.deadline = self._local_deadline(mono)
         return True
 
@@ -318,5 +439,12 @@ class Lease:
             self.backend.update(lambda cur: release_rule(cur, self.holder, epoch, now))
 
     def peek(self) -> LeaseRecord | None:
-        """The shared record as it is now (``LeaseError`` when unreadable)."""
-        return self.backend.read()
+        """The shared record as it is now (``LeaseError`` when unreadable, ``LeaseCorrupt`` when damaged)."""
+        now = self.clock.wall()
+        try:
+            record = self.backend.read()
+        except LeaseCorrupt as exc:
+            self.observe(Unreadable(str(exc)), now)
+            raise
+        self.observe(record, now)
+        return record

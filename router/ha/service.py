@@ -1,13 +1,15 @@
 """The HA component: lease claim + renewal (fencing), state-file persistence, ``--resume``, warm
 standby and ``GET /narwhal/handoff`` (spec §2.3–2.6, §3.3).
 
-It is a ``router.app.Component``. Other components reach it through the core:
-``core.extras["persist"]()`` writes the state file now (the lifecycle calls it after every change;
-a no-op on a standby or fenced router), ``core.extras["ha"]`` is this object.
+It is a ``router.app.Component``. Its collaborators are typed constructor arguments, wired by
+``router/assemble.py``: the lifecycle (``transfer.LifecycleView``: snapshot / restore / wave hold),
+the breaker (probe schedule of restored ejections) and the lifecycle monitor (``MonitorView``).
+``persist()`` writes the state file now (assemble registers it as a lifecycle persist hook, so it
+runs after every lifecycle change; a no-op on a standby or fenced router).
 
 The periodic state-file write is the ``handoff`` stage of the lifecycle monitor pass when a monitor
-runs (``core.extras["monitor_stages"]``, spec §7.1: its failures count towards "monitoring
-degraded"); without a monitor this component runs its own writer loop.
+runs (``monitor.add_stage``, spec §7.1: its failures count towards "monitoring degraded"); without a
+monitor this component runs its own writer loop.
 """
 
 from __future__ import annotations
@@ -16,38 +18,103 @@ import asyncio
 import contextlib
 import logging
 import math
-import shutil
-from collections.abc import Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
 from router.core import RouterCore
-from router.ha import statefile, transfer
+from router.ha import statefile
 from router.ha.handoff import Handoff
-from router.ha.lease import Lease, LeaseError
+from router.ha.keeper import RENEWAL_FAILED, LeaseKeeper
+from router.ha.lease import Lease
+from router.ha.persist import FileHandoffStore, HandoffStore, Persister, PersistError
 from router.ha.settings import HARuntime
 from router.ha.standby import StandbyLoop
+from router.ha.transfer import Handover, LifecycleView, ProbeSchedule
 
 log = logging.getLogger("narwhal.ha")
-RENEWAL_FAILED = "lease renewal failed"
+__all__ = ["RENEWAL_FAILED", "HAService", "choose_resume"]
+
+Stage = Callable[[], Awaitable[object]]
 
 
-def resume_epoch_problem(doc: Handoff, claimed: int) -> str:
-    """With a lease, only the document of the epoch just before ours may be resumed."""
-    if doc.epoch == claimed - 1:
-        return ""
-    if doc.epoch < claimed - 1:
-        return f"handoff epoch {doc.epoch} is older than the fleet's last lease epoch {claimed - 1}"
-    return f"handoff epoch {doc.epoch} cannot precede claimed epoch {claimed}"
+class MonitorView(Protocol):
+    """What HA needs of the lifecycle monitor (``router.lifecycle.monitor.LifecycleMonitor``)."""
+
+    def add_stage(self, name: str, stage: Stage) -> None: ...
+
+    async def check_identities(self, engines: list[str] | None = None) -> None: ...
+
+
+def _newer(a: Handoff, b: Handoff) -> bool:
+    return (a.epoch, a.at) > (b.epoch, b.at)
+
+
+def choose_resume(
+    local: statefile.StateRead,
+    shared: statefile.StateRead | None,
+    lease_epoch: int = 0,
+    names: tuple[str, str] = ("state file", "shared handoff"),
+) -> tuple[Handoff | None, str, str]:
+    """The document ``--resume`` applies: (doc, "", where) or (None, why not, "").
+
+    The newest valid document (epoch, then ``at``) among the local state file and the shared
+    handoff, whichever router wrote it. A damaged copy (torn, empty, symlink, invalid) is only
+    passed over when the document chosen instead belongs to the fleet's last lease epoch: otherwise
+    the damaged copy may have held newer acknowledged state, and nothing is applied.
+    """
+    found = [(r, w) for r, w in ((local, names[0]), (shared, names[1])) if r is not None]
+    valid = [(r.doc, w) for r, w in found if r.doc is not None]
+    damaged = [r.reason for r, _ in found if r.kind not in ("ok", "missing")]
+    if not valid:
+        reasons = damaged or [local.reason]
+        return None, "; ".join(reasons), ""
+    doc, where = valid[0]
+    for other, other_where in valid[1:]:
+        if _newer(other, doc):
+            doc, where = other, other_where
+    if damaged and doc.epoch < lease_epoch:
+        return (
+            None,
+            f"{'; '.join(damaged)}; the newest valid handoff (epoch {doc.epoch}) is older than the lease's last epoch {lease_epoch}",
+            "",
+        )
+    return doc, "", where
+
+
+def _keep_rejected(path: Path) -> None:
+    """The next write replaces the refused file: keep a copy as evidence (never via a symlink)."""
+    raw, kind, detail = statefile.read_raw(path)
+    if raw is None:
+        if kind == "symlink":
+            log.warning("refused state file not copied: %s", detail)
+        return
+    try:
+        statefile.write_bytes(path.with_name(path.name + ".rejected"), raw)
+    except OSError as exc:
+        log.warning("cannot keep a copy of the refused handoff %s: %s", path, exc)
 
 
 class HAService:
-    def __init__(self, core: RouterCore, settings: HARuntime, lease: Lease | None = None) -> None:
+    def __init__(
+        self,
+        core: RouterCore,
+        settings: HARuntime,
+        lease: Lease | None = None,
+        shared: HandoffStore | None = None,
+        *,
+        lifecycle: LifecycleView | None = None,
+        breaker: ProbeSchedule | None = None,
+        monitor: MonitorView | None = None,
+    ) -> None:
         self.core = core
         self.settings = settings
+        self.lifecycle = lifecycle
+        self.monitor = monitor
+        self.handover = Handover(core, lifecycle, breaker)
         lease_settings = settings.lease_settings()
         self.lease = (
             lease
@@ -55,17 +122,24 @@ class HAService:
             else (Lease(lease_settings, clock=core.clock) if lease_settings else None)
         )
         core.control.lease = self.lease  # unowned until claimed: no control before start()
+        self.keeper = (
+            LeaseKeeper(
+                self.lease, core.control, settings.lease_renew_interval_s, self._epoch_floor, self._claimed
+            )
+            if self.lease is not None
+            else None
+        )
         self.standby_loop: StandbyLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._controlled_at_shutdown: bool | None = None
         self.resume_result: tuple[bool, str] | None = None
         self.takeover_gap_s: float | None = None
-        self.persist_failures = 0
+        if shared is None and settings.lease_path:
+            shared = FileHandoffStore(statefile.shared_handoff_path(settings.lease_path))
+        self.shared = shared  # where a successor finds our state (written first)
+        self.persister = Persister(self.handover.build, settings.state_path, shared, on_change=self._degraded)
         self.monitored = False  # the monitor pass runs the periodic write (write_handoff)
-        self._write_lock = asyncio.Lock()  # the final snapshot at stop() is never overtaken
         self._stopping = False
-        core.extras["ha"] = self
-        core.extras["persist"] = self.persist
 
     # -- component protocol ----------------------------------------------------------------------
     def add_routes(self, app: web.Application) -> None:
@@ -74,21 +148,59 @@ class HAService:
 
     async def start(self) -> None:
         control = self.core.control
-        hooks = getattr(transfer.find_lifecycle(self.core), "persist_hooks", None)
-        if isinstance(hooks, list) and self.persist not in hooks:
-            hooks.append(self.persist)  # the state file follows every lifecycle change
         if self.settings.standby_of:
             assert self.lease is not None  # HARuntime: --standby-of requires --lease-path
             control.standby = True
-            self.standby_loop = StandbyLoop(self.core, self.settings, self.lease, self._activate)
+            self.standby_loop = StandbyLoop(
+                self.core, self.settings, self.lease, self.handover, self._activate, shared=self.shared
+            )
             self._spawn(self.standby_loop.run(), "narwhal-standby")
             log.info("standby of %s (lease %s)", self.settings.standby_of, self.settings.lease_path)
             return
-        if self.lease is not None and not await self._claim_at_start(self.lease):
-            return  # fenced: no resume, no renewal, never a second claim
-        if self.settings.resume:
-            self.resume()
+        if self.keeper is not None:
+            claimed = await self.keeper.claim_at_start()
+            if claimed is False:
+                return  # held by another router: fenced, no resume, no renewal, no second claim
+            if claimed is None:  # store unreachable or record damaged: claim in the background
+                self._spawn(self._claim_later(), "narwhal-lease-claim")
+                return
+            assert self.lease is not None
+            log.info("lease claimed: epoch %d holder %s", self.lease.epoch, self.lease.holder)
+        await self._claimed(0)
         self._start_loops()
+
+    async def _claim_later(self) -> None:
+        assert self.keeper is not None
+        if await self.keeper.claim_until_held(0):
+            self._start_loops()
+
+    async def _claimed(self, previous_epoch: int) -> str:
+        """After a claim: ``--resume`` at start; after a re-claim, a newer handoff written meanwhile
+        by another holder is applied first. Returns "" or why this router must not control."""
+        if not previous_epoch:
+            if self.settings.resume:
+                await self.resume()
+            return ""
+        if self.shared is None:
+            return ""
+        found = await self.shared.read()
+        if found.doc is None or found.doc.epoch <= previous_epoch:
+            return ""
+        applied, why = self.handover.apply(found.doc)
+        if not applied:
+            return f"lease claimed again, but the newer handoff was not applied: {why}"
+        log.warning("lease claimed again: %s", why)
+        return ""
+
+    async def _epoch_floor(self) -> int:
+        """The highest epoch in the handoff documents this router can read (local + shared)."""
+        local = await asyncio.to_thread(statefile.read, self.settings.state_path)
+        shared = await self.shared.read() if self.shared is not None else None
+        docs = [r.doc for r in (local, shared) if r is not None and r.doc is not None]
+        loop = self.standby_loop
+        if loop is not None and loop.doc is not None:
+            docs.append(loop.doc)
+        return max((d.epoch for d in docs), default=0)
 
     async def stop(self) -> None:
         controlled = self._controlled_at_shutdown
@@ -101,116 +213,87 @@ class HAService:
                 await task
         self._tasks.clear()
         self._stopping = True
-        async with self._write_lock:  # a monitor-pass write still in flight lands first
-            if controlled and self.core.controls_fleet():
-                self.persist()  # final snapshot with the latest counters
+        if controlled and self.core.controls_fleet():  # final snapshot with the latest counters
+            with contextlib.suppress(PersistError):  # (after any write in flight: one lock)
+                await self.persister.persist()
         if self.lease is not None and self.lease.owned:
             await asyncio.to_thread(self.lease.release)
 
     async def _on_shutdown(self, _: web.Application) -> None:
         self._controlled_at_shutdown = self.core.controls_fleet()
 
-    # -- lease -----------------------------------------------------------------------------------
-    async def _claim_at_start(self, lease: Lease) -> bool:
-        control = self.core.control
-        try:
-            claimed = await asyncio.to_thread(lease.claim)
-        except LeaseError as exc:
-            control.fence(f"lease unavailable: {exc}")
-            log.error("router fenced: %s", control.failover_blocked)
-            return False
-        if not claimed:
-            control.fence("lease held by another router")
-            log.error("router fenced: lease %s held by another router", self.settings.lease_path)
-            return False
-        log.info("lease claimed: epoch %d holder %s", lease.epoch, lease.holder)
-        return True
+    # -- persistence (router/ha/persist.py) ------------------------------------------------------
+    @property
+    def persist_failures(self) -> int:
+        return self.persister.failures
 
-    async def _renew_loop(self, lease: Lease) -> None:
-        while lease.owned:
-            await asyncio.sleep(self.settings.lease_renew_interval_s)
-            if not lease.owned:
-                return
-            if await asyncio.to_thread(lease.renew):
-                continue
-            self.core.control.fence(RENEWAL_FAILED)
-            log.error("router fenced: lease renewal failed for epoch %d", lease.epoch)
-            return
+    def _degraded(self, reason: str) -> None:
+        self.core.persist_degraded = reason
 
-    # -- persistence -----------------------------------------------------------------------------
-    def persist(self) -> bool:
-        """Write the live handoff to ``recovery.state_path``; only the controlling router writes."""
+    async def persist(self) -> bool:
+        """Make the live handoff durable now (shared copy first, then ``recovery.state_path``).
+
+        False (nothing written) unless this router controls the fleet; raises ``PersistError``
+        when the state is not where a successor would find it. The lifecycle awaits this before
+        answering any mutation.
+        """
         if not self.core.controls_fleet():
             return False
-        try:
-            self._write_both(transfer.build(self.core))
-        except (OSError, ValueError) as exc:
-            self.persist_failures += 1
-            log.warning("cannot write handoff %s: %s", self.settings.state_path, exc)
-            return False
+        await self.persister.persist()
         return True
 
-    def _write_both(self, doc: Handoff) -> None:
-        """Own state file, and (with a lease) the shared copy the standby reads at takeover."""
-        statefile.write(self.settings.state_path, doc)
-        if self.settings.lease_path:
-            statefile.write(statefile.shared_handoff_path(self.settings.lease_path), doc)
-
     async def write_handoff(self) -> None:
-        """The periodic write (monitor stage ``handoff``); raises when the state file cannot be written."""
-        async with self._write_lock:
-            if self._stopping or not self.core.controls_fleet():
-                return
-            try:
-                doc = transfer.build(self.core)
-                await asyncio.to_thread(self._write_both, doc)
-            except (OSError, ValueError) as exc:
-                self.persist_failures += 1
-                log.warning("cannot write handoff %s: %s", self.settings.state_path, exc)
-                raise
+        """The periodic write (monitor stage ``handoff``). A failure degrades the *control* plane
+        (``core.persist_degraded``: mutations refused, /ready and /metrics say why), never serving,
+        so it is not raised into the monitor's health."""
+        if self._stopping or not self.core.controls_fleet():
+            return
+        with contextlib.suppress(PersistError):
+            await self.persister.persist()
 
     async def _persist_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.persist_interval_s)
-            with contextlib.suppress(OSError, ValueError):
-                await self.write_handoff()
+            await self.write_handoff()
 
-    def resume(self) -> tuple[bool, str]:
-        """``--resume``: apply the state file, all or nothing; a refusal is logged with its reason."""
-        path = Path(self.settings.state_path)
-        doc, why = statefile.load_reason(path)
-        if doc is not None and self.lease is not None and self.lease.owned:
-            why = resume_epoch_problem(doc, self.lease.epoch)
+    async def resume(self) -> tuple[bool, str]:
+        """``--resume``: apply the newest valid document among the local state file and the shared
+        handoff, all or nothing; a refusal is logged with its reason (and kept as ``.rejected``)."""
+        local_path = Path(self.settings.state_path)
+        local = await asyncio.to_thread(statefile.read, local_path)
+        shared = await self.shared.read() if self.shared is not None else None
+        names = (str(local_path), self._shared_name())
+        doc, why, source = choose_resume(local, shared, self._last_lease_epoch, names)
+        for found, where in ((local, str(local_path)), (shared, self._shared_name())):
+            if found is not None and found.kind not in ("ok", "missing"):
+                log.warning("state at %s: %s", where, found.reason)
+        if doc is not None and self.lease is not None and self.lease.owned and doc.epoch >= self.lease.epoch:
+            why = f"handoff epoch {doc.epoch} cannot precede claimed epoch {self.lease.epoch}"
         applied = False
-        if not why:
-            applied, why = transfer.apply(self.core, doc)
+        if doc is not None and not why:
+            applied, why = self.handover.apply(doc)
+        source = source or str(local_path)
         self.resume_result = (applied, why)
         if applied:
-            log.info("%s", why)
+            log.info("%s (from %s)", why, source)
             return applied, why
-        log.warning("handoff not applied (%s): %s", path, why)
-        self._keep_rejected(path)
-        if self.core.config.engine_contract is not None and path.exists():
+        log.warning("handoff not applied (%s): %s", source, why)
+        await asyncio.to_thread(_keep_rejected, local_path)
+        if self.core.config.engine_contract is not None and local.kind != "missing":
             self._restart_wave(f"handoff rejected: {why}")
         return applied, why
 
-    @staticmethod
-    def _keep_rejected(path: Path) -> None:
-        """The next periodic write replaces the refused file: keep a copy as evidence."""
-        if not path.exists():
-            return
-        try:
-            shutil.copyfile(path, path.with_name(path.name + ".rejected"))
-        except OSError as exc:
-            log.warning("cannot keep a copy of the refused handoff %s: %s", path, exc)
+    @property
+    def _last_lease_epoch(self) -> int:
+        """The epoch the lease record held before our claim (0: none, or no lease)."""
+        return self.lease.previous_epoch if self.lease is not None else 0
+
+    def _shared_name(self) -> str:
+        return self.shared.describe() if self.shared is not None else "shared handoff"
 
     def _restart_wave(self, reason: str) -> None:
-        lifecycle = transfer.find_lifecycle(self.core)
-        require = getattr(lifecycle, "require_restart_wave", None) or getattr(
-            getattr(lifecycle, "machine", None), "require_restart_wave", None
-        )
-        if require is not None:
-            require(reason)
+        if self.lifecycle is not None:
+            self.lifecycle.require_restart_wave(reason)
         else:  # no lifecycle machine attached: still hold the whole fleet, fail closed
             self.core.scheduler.fleet_hold = f"whole-wave restart required: {reason}"
 
@@ -218,13 +301,10 @@ class HAService:
     async def _activate(self, lease: Lease) -> str:
         core = self.core
         core.control.take_control(lease)
-        check = core.extras.get("identity_check")
-        if callable(check):
+        if self.monitor is not None:
             core.identities_ready = False
             try:
-                result = check()
-                if asyncio.iscoroutine(result):
-                    await result
+                await self.monitor.check_identities()
             except Exception as exc:
                 log.warning("identity validation after takeover failed: %s: %s", type(exc).__name__, exc)
         elif core.config.engine_contract is not None:
@@ -236,16 +316,15 @@ class HAService:
         loop = self.standby_loop
         if loop is not None and loop.last_good_mono is not None:
             self.takeover_gap_s = core.clock.monotonic() - loop.last_good_mono
-        self.persist()
+        with contextlib.suppress(PersistError):  # reported as control degraded
+            await self.persister.persist()
         return ""
 
     def _start_loops(self) -> None:
-        if self.lease is not None and self.lease.owned:
-            self._spawn(self._renew_loop(self.lease), "narwhal-lease-renewal")
-        stages = self.core.extras.get("monitor_stages")  # router/lifecycle/monitor.py
-        if isinstance(stages, list):  # after claim/resume/takeover: never overwrite an unread file
-            if all(fn != self.write_handoff for _, fn in stages):
-                stages.append(("handoff", self.write_handoff))
+        if self.keeper is not None and self.lease is not None and self.lease.owned:
+            self._spawn(self.keeper.renew_forever(), "narwhal-lease-renewal")
+        if self.monitor is not None:  # after claim/resume/takeover: never overwrite an unread file
+            self.monitor.add_stage("handoff", self.write_handoff)
             self.monitored = True
         else:
             self._spawn(self._persist_loop(), "narwhal-handoff-writer")
@@ -258,7 +337,7 @@ class HAService:
     # -- views -----------------------------------------------------------------------------------
     async def handoff_route(self, _: web.Request) -> web.Response:
         try:
-            body = orjson.dumps(transfer.build(self.core).dump())
+            body = orjson.dumps(self.handover.build().dump())
         except ValueError as exc:  # our own state fails validation: say so, publish nothing
             err = {"error": {"message": f"handoff unavailable: {exc}", "type": "internal"}}
             return web.Response(status=500, body=orjson.dumps(err), content_type="application/json")
@@ -282,6 +361,7 @@ class HAService:
             "takeover_gap_s": self.takeover_gap_s,
             "state_path": self.settings.state_path,
             "persist_failures": self.persist_failures,
+            "persist_degraded": self.persister.degraded,
         }
 
     def metric_lines(self) -> Iterable[str]:
@@ -296,6 +376,12 @@ class HAService:
             "# HELP narwhal_router_standby 1 while this router shadows a primary.",
             "# TYPE narwhal_router_standby gauge",
             f"narwhal_router_standby {int(self.core.control.standby and not self.core.control.failover_blocked)}",
+            "# HELP narwhal_persist_failures_total State writes (shared handoff or state file) that failed.",
+            "# TYPE narwhal_persist_failures_total counter",
+            f"narwhal_persist_failures_total {self.persist_failures}",
+            "# HELP narwhal_persist_degraded 1 while the last state write failed (lifecycle changes refused).",
+            "# TYPE narwhal_persist_degraded gauge",
+            f"narwhal_persist_degraded {int(bool(self.persister.degraded))}",
         ]
 
 

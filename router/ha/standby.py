@@ -18,10 +18,12 @@ from typing import Any
 import httpx
 
 from router.core import RouterCore
-from router.ha import statefile, transfer
+from router.ha import statefile
 from router.ha.handoff import Handoff, HandoffError, HandoffVersionError, validate
 from router.ha.lease import Lease, LeaseError, LeaseRecord
+from router.ha.persist import FileHandoffStore, HandoffStore
 from router.ha.settings import HARuntime
+from router.ha.transfer import Handover
 
 log = logging.getLogger("narwhal.ha.standby")
 
@@ -57,16 +59,14 @@ def judge_probe(
     return ProbeResult(True, "", doc)
 
 
-def freshest(polled: Handoff | None, shared: Handoff | None, lease: LeaseRecord | None) -> Handoff | None:
-    """The handoff to take over with: the polled snapshot, or the holder's shared copy when that is
-    the last holder's own (same holder and epoch as the lease record) and newer than the poll."""
-    if shared is None or lease is None or shared.holder != lease.holder or shared.epoch != lease.epoch:
+def freshest(polled: Handoff | None, shared: Handoff | None) -> Handoff | None:
+    """The handoff to take over with: the newest (epoch, then ``at``) of the polled snapshot and the
+    holder's shared copy. The holder writes the shared copy before answering any lifecycle change,
+    so it is never older than an acknowledged change; a corrupt or vanished lease record does not
+    make it unusable."""
+    if shared is None:
         return polled
-    if (
-        polled is None
-        or shared.epoch > polled.epoch
-        or (shared.epoch == polled.epoch and shared.at > polled.at)
-    ):
+    if polled is None or (shared.epoch, shared.at) > (polled.epoch, polled.at):
         return shared
     return polled
 
@@ -90,20 +90,28 @@ class StandbyLoop:
         core: RouterCore,
         settings: HARuntime,
         lease: Lease,
+        handover: Handover,
         activate: Callable[[Lease], Awaitable[str]],
         client: httpx.AsyncClient | None = None,
+        shared: HandoffStore | None = None,
     ) -> None:
         self.core = core
         self.settings = settings
         self.lease = lease
+        self.handover = handover  # applies the handoff at takeover (lifecycle + breaker)
         self.activate = activate  # starts renewal/persistence, validates identities; "" or why not
         self.primary = settings.standby_of.rstrip("/")
         self.client = client
+        if shared is None and settings.lease_path:
+            shared = FileHandoffStore(statefile.shared_handoff_path(settings.lease_path))
+        self.shared = shared
         self.doc: Handoff | None = None
         self.misses = 0
         self.last_good_mono: float | None = None
         self.takeover_gap_s: float | None = None
         self.last_miss_reason = ""
+        self._shared_epoch = 0  # highest epoch seen in the shared handoff
+        self._shared_damage = ""  # why the shared handoff was unusable at the last look
 
     async def _get(self, client: httpx.AsyncClient, path: str) -> tuple[int, Any]:
         r = await client.get(self.primary + path)
@@ -125,7 +133,7 @@ class StandbyLoop:
         try:
             record = await asyncio.to_thread(self.lease.peek)
         except LeaseError as exc:
-            return ProbeResult(False, f"lease unreadable: {exc}")
+            return ProbeResult(False, f"lease unreadable: {exc}")  # damage is remembered by the lease
         return judge_probe(status, body, h_body, record, self.core.clock.wall())
 
     async def _keep(self, doc: Handoff) -> None:
@@ -143,10 +151,10 @@ class StandbyLoop:
 
     async def run(self) -> None:
         """Shadow until takeover succeeds or is refused for good; always leaves a clean lease."""
-        try:
-            self.doc = statefile.load(self.settings.state_path)
-        except HandoffError as exc:
-            log.warning("standby: ignoring own state file: %s", exc)
+        own = await asyncio.to_thread(statefile.read, self.settings.state_path)
+        self.doc = own.doc
+        if own.kind not in ("ok", "missing"):
+            log.warning("standby: ignoring own state file: %s", own.reason)
         timeout = max(0.05, 0.8 * self.settings.standby_probe_interval_s)
         own_client = self.client is None
         client = self.client or httpx.AsyncClient(timeout=timeout, headers=control_headers(self.core))
@@ -178,17 +186,26 @@ class StandbyLoop:
         if doc is None or clock.wall() - doc.at > self.settings.standby_max_handoff_age_s:
             control.failover_blocked = "no fresh handoff"
             return False
-        try:
-            claimed = await asyncio.to_thread(self.lease.claim)
+        try:  # epochs never go backwards: above the record's and every handoff's epoch
+            claimed = await asyncio.to_thread(self.lease.claim, max(doc.epoch, self._shared_epoch))
         except LeaseError as exc:
             control.failover_blocked = f"lease unavailable: {exc}"
             return False
         if not claimed:
+            if self.lease.problem:  # damaged record: waited out, in case its holder is alive
+                control.failover_blocked = f"lease record damaged: {self.lease.problem}"
             return False  # another holder's unexpired lease: keep shadowing
         epoch = self.lease.epoch
-        if doc.epoch != epoch - 1:
+        if self.lease.recovered:
+            log.error("standby: lease record recovered: %s", self.lease.recovered)
+        if doc.epoch >= epoch:
             return await self._refuse(f"handoff epoch {doc.epoch} cannot precede claimed epoch {epoch}")
-        applied, why = transfer.apply(self.core, doc)
+        if self._shared_damage and doc.epoch < self.lease.previous_epoch:
+            return await self._refuse(  # the damaged copy may have held that epoch's acknowledged state
+                f"{self._shared_damage}; the newest valid handoff (epoch {doc.epoch}) is older than "
+                f"the lease's last epoch {self.lease.previous_epoch}"
+            )
+        applied, why = self.handover.apply(doc)
         if not applied:
             return await self._refuse(why)
         if not self.lease.valid():
@@ -209,15 +226,19 @@ class StandbyLoop:
 
     async def _freshest(self) -> Handoff | None:
         """Before claiming: prefer the holder's shared handoff when it is newer than the last poll."""
-        try:
-            record = await asyncio.to_thread(self.lease.peek)
-            shared = await asyncio.to_thread(
-                statefile.load, statefile.shared_handoff_path(self.settings.lease_path)
-            )
-        except (LeaseError, HandoffError, OSError) as exc:
-            log.warning("standby: shared handoff unusable, keeping the polled one: %s", exc)
-            return self.doc
-        chosen = freshest(self.doc, shared, record)
+        shared: Handoff | None = None
+        if self.shared is not None:
+            try:
+                found = await self.shared.read()
+            except (HandoffError, OSError) as exc:
+                log.warning("standby: shared handoff unusable, keeping the polled one: %s", exc)
+                return self.doc
+            self._shared_damage = found.reason if found.kind not in ("ok", "missing") else ""
+            if self._shared_damage:
+                log.warning("standby: shared handoff unusable (%s), keeping the polled one", found.reason)
+            shared = found.doc
+            self._shared_epoch = max(self._shared_epoch, shared.epoch if shared is not None else 0)
+        chosen = freshest(self.doc, shared)
         if chosen is not self.doc and chosen is not None:
             log.info("standby: taking over with the holder's shared handoff (at %.3f)", chosen.at)
         return chosen

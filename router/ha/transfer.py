@@ -5,18 +5,23 @@ coherence, and a trial restore when the lifecycle object offers one) and only th
 lifecycle restore first: it is strict and raises before changing anything, and every later step
 cannot fail. Rejection reasons are the peer's, verbatim.
 
-Collaborators are found on the core, duck-typed so either side can land first:
+``Handover`` is the typed seam: the core plus the two collaborators a handoff reads and writes,
+given by ``router/assemble.py`` (or a test):
 
-- lifecycle: ``core.lifecycle`` or ``core.extras["lifecycle"]`` with ``snapshot() -> LifecycleSection``
-  and strict ``restore(LifecycleSection)``; ``router.lifecycle.restore.checked_section`` is the trial.
-- breaker (optional): ``core.extras["breaker"]``; a restored ejection drops its ``last_probe`` entry
-  so the readmission probe is due at once. Inference suspects live on ``scheduler.inference_suspects``.
+- ``lifecycle``: a ``LifecycleView`` (``LifecycleService``, or a bare ``LifecycleMachine`` in unit
+  tests) with ``snapshot() -> LifecycleSection`` and a strict ``restore``; ``None`` keeps at least
+  the holds (non-active engines stay out of placement). ``router.lifecycle.restore.checked_section``
+  is the trial.
+- ``breaker``: a restored ejection drops its ``last_probe`` entry so the readmission probe is due at
+  once. Inference suspects live on ``scheduler.inference_suspects``.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from router.config import FleetConfig, Role
 from router.core import RouterCore
@@ -28,29 +33,26 @@ log = logging.getLogger("narwhal.ha")
 RESTORED_EJECTION = "handoff"
 
 
-@runtime_checkable
-class LifecycleLike(Protocol):
+class LifecycleView(Protocol):
+    """What HA needs of the lifecycle: its persisted section, a strict restore, the wave hold."""
+
     def snapshot(self) -> LifecycleSection: ...
 
-    def restore(self, section: LifecycleSection) -> None: ...
+    def restore(self, section: LifecycleSection | Mapping[str, Any]) -> None: ...
+
+    def require_restart_wave(self, reason: str, reset: bool = False) -> bool: ...
 
 
-def find_lifecycle(core: RouterCore) -> LifecycleLike | None:
-    for candidate in (getattr(core, "lifecycle", None), core.extras.get("lifecycle")):
-        if isinstance(candidate, LifecycleLike):
-            return candidate
-    return None
+class ProbeSchedule(Protocol):
+    """The breaker's probe bookkeeping (``router.breaker.Breaker``)."""
 
-
-def _breaker(core: RouterCore) -> Any:
-    return core.extras.get("breaker")
+    last_probe: dict[str, float]
 
 
 # -- build ----------------------------------------------------------------------------------------
 
 
-def lifecycle_section(core: RouterCore) -> LifecycleSection:
-    lifecycle = find_lifecycle(core)
+def lifecycle_section(core: RouterCore, lifecycle: LifecycleView | None) -> LifecycleSection:
     if lifecycle is not None:
         return lifecycle.snapshot()
     return LifecycleSection(engine_restart_policy=core.config.recovery.engine_restart_policy)
@@ -62,7 +64,7 @@ def inference_sources(core: RouterCore) -> dict[str, list[str]]:
     return {iid: sorted(set(p)) or [""] for iid, p in sorted(suspects.items())}
 
 
-def build(core: RouterCore) -> Handoff:
+def build(core: RouterCore, lifecycle: LifecycleView | None) -> Handoff:
     """The live document (validated: a router never publishes what it would refuse to read)."""
     scheduler = core.scheduler
     doc = Handoff(
@@ -77,7 +79,7 @@ def build(core: RouterCore) -> Handoff:
         inference_sources=inference_sources(core),
         counters=core.counters.snapshot(),
         outcome_reasons=core.counters.outcome_reasons(),
-        lifecycle=lifecycle_section(core),
+        lifecycle=lifecycle_section(core, lifecycle),
         demand_risk=core.demand_risk.snapshot(),
     )
     return validate(doc)
@@ -128,7 +130,12 @@ def _restore_lifecycle_fallback(core: RouterCore, section: LifecycleSection) -> 
         core.scheduler.fleet_hold = f"whole-wave drain {section.wave_id}"
 
 
-def apply(core: RouterCore, doc: Handoff | None) -> tuple[bool, str]:
+def apply(
+    core: RouterCore,
+    doc: Handoff | None,
+    lifecycle: LifecycleView | None,
+    breaker: ProbeSchedule | None = None,
+) -> tuple[bool, str]:
     """Apply a validated handoff; ``(False, reason)`` leaves the router exactly as it was."""
     if doc is not None:
         try:
@@ -139,7 +146,6 @@ def apply(core: RouterCore, doc: Handoff | None) -> tuple[bool, str]:
     if why:
         return False, why
     assert doc is not None
-    lifecycle = find_lifecycle(core)
     if lifecycle is not None:
         try:
             lifecycle.restore(doc.lifecycle)  # strict: raises before mutating anything
@@ -155,8 +161,8 @@ def apply(core: RouterCore, doc: Handoff | None) -> tuple[bool, str]:
             engine.role = role
     for iid in doc.ejected:
         scheduler.eject(iid, RESTORED_EJECTION)
-        _due_now(core, iid)
-    _restore_suspects(core, doc.inference_sources)
+        _due_now(breaker, iid)
+    _restore_suspects(core, doc.inference_sources, breaker)
     core.counters.restore(doc.counters, doc.outcome_reasons)
     core.demand_risk.rearm(doc.demand_risk)
     gap = max(0.0, core.clock.wall() - doc.at)
@@ -168,14 +174,13 @@ def apply(core: RouterCore, doc: Handoff | None) -> tuple[bool, str]:
     return True, summary
 
 
-def _due_now(core: RouterCore, iid: str) -> None:
+def _due_now(breaker: ProbeSchedule | None, iid: str) -> None:
     """A restored ejection gets a far-past probe time so the readmission probe is due at once."""
-    last_probe = getattr(_breaker(core), "last_probe", None)
-    if isinstance(last_probe, dict):
-        last_probe.pop(iid, None)
+    if breaker is not None:
+        breaker.last_probe.pop(iid, None)
 
 
-def _restore_suspects(core: RouterCore, sources: dict[str, list[str]]) -> None:
+def _restore_suspects(core: RouterCore, sources: dict[str, list[str]], breaker: ProbeSchedule | None) -> None:
     """§2.4 step 3: suspects with their producers; a covered, non-ejected suspect is ejected too."""
     scheduler = core.scheduler
     for iid in sorted(sources):
@@ -186,4 +191,19 @@ def _restore_suspects(core: RouterCore, sources: dict[str, list[str]]) -> None:
         roles: tuple[Role, ...] = ("prefill", "decode") if not engine.pin else (engine.role,)
         if all(scheduler.serving_engines_for(r, without=iid) > 0 for r in roles):
             scheduler.eject(iid, "inference_probe")
-            _due_now(core, iid)
+            _due_now(breaker, iid)
+
+
+@dataclass(frozen=True)
+class Handover:
+    """A router's side of the handoff: build its live document, apply one to it (all or nothing)."""
+
+    core: RouterCore
+    lifecycle: LifecycleView | None = None
+    breaker: ProbeSchedule | None = None
+
+    def build(self) -> Handoff:
+        return build(self.core, self.lifecycle)
+
+    def apply(self, doc: Handoff | None) -> tuple[bool, str]:
+        return apply(self.core, doc, self.lifecycle, self.breaker)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 from router.core import RouterCore
 from router.lifecycle.machine import LifecycleMachine
 from router.lifecycle.models import LifecycleState
+from router.replicas.view import ReplicaPicture, ReplicasSection
 
 SCHEMA = "narwhal.lifecycle"
 SCHEMA_VERSION = 1
@@ -76,23 +77,33 @@ class LifecycleDocument(_Strict):
     engine_restart_policy: Literal["individual", "whole_wave"]
     process_starts: dict[str, float]
     error: str = ""
+    # additive, active-active mode only (absent otherwise: the peer's document, unchanged)
+    replicas: ReplicasSection | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, title="narwhal.lifecycle v1")
 
     def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
+        exclude = {"replicas"} if self.replicas is None else None
+        return self.model_dump(mode="json", by_alias=True, exclude=exclude)
 
 
-def engine_view(machine: LifecycleMachine, core: RouterCore, iid: str) -> EngineView:
+def engine_view(
+    machine: LifecycleMachine, core: RouterCore, iid: str, picture: ReplicaPicture | None = None
+) -> EngineView:
     sched = core.scheduler
     runtime = sched.engines[iid]
     rec = machine.records.get(iid)
+    if picture is not None:  # active-active: resident work on this engine summed over every replica
+        total = picture.resident(iid)
+        resident = Resident(prefill=total.prefill, decode=total.decode)
+    else:
+        resident = Resident(prefill=runtime.resident_prefill, decode=runtime.resident_decode)
     return EngineView(
         state=rec.state if rec is not None else "active",
         draining=iid in sched.draining,
         accepts_new=sched.accepts_new(iid),
         ready_to_stop=machine.ready_to_stop(iid),
-        resident=Resident(prefill=runtime.resident_prefill, decode=runtime.resident_decode),
+        resident=resident,
         deadline_at=rec.deadline_at if rec is not None else None,
         restart_required=rec.restart_required if rec is not None else False,
         wave_id=rec.wave_id if rec is not None else "",
@@ -103,28 +114,41 @@ def engine_view(machine: LifecycleMachine, core: RouterCore, iid: str) -> Engine
     )
 
 
-def build_document(machine: LifecycleMachine, core: RouterCore, error: str = "") -> LifecycleDocument:
+def build_document(
+    machine: LifecycleMachine, core: RouterCore, error: str = "", picture: ReplicaPicture | None = None
+) -> LifecycleDocument:
     machine.refresh()
     return LifecycleDocument(
         router=RouterView(controls_fleet=core.controls_fleet(), ready=core.ready()),
         wave=WaveView(
             id=machine.wave_id, active=bool(machine.wave_id), ready_to_stop=machine.wave_ready_to_stop()
         ),
-        engines={iid: engine_view(machine, core, iid) for iid in sorted(core.scheduler.engines)},
+        engines={iid: engine_view(machine, core, iid, picture) for iid in sorted(core.scheduler.engines)},
         events=[LifecycleEvent.model_validate(e) for e in machine.events],
         engine_restart_policy=machine.policy,
         process_starts=dict(sorted(machine.process_starts.items())),
         error=error,
+        replicas=picture.section() if picture is not None else None,
     )
 
 
 # -- request bodies ---------------------------------------------------------------------------
+def _no_duplicates(engines: list[str]) -> list[str]:
+    """A request naming an engine twice is malformed (422), not silently de-duplicated."""
+    twice = sorted({iid for iid in engines if engines.count(iid) > 1})
+    if twice:
+        raise ValueError(f"duplicate engine ID(s): {', '.join(twice)}")
+    return engines
+
+
 class DrainRequest(_Strict):
     """``POST /narwhal/lifecycle/drain``; ``wave: true`` with no engines means every engine."""
 
     engines: list[StrictStr] = Field(default_factory=list, description="engine IDs to drain")
     wave: StrictBool = Field(default=False, description="drain the whole fleet as one wave")
     deadline_s: float = Field(default=300.0, description="seconds until the drain deadline (> 0)")
+
+    _unique = field_validator("engines")(_no_duplicates)
 
     @field_validator("deadline_s", mode="before")
     @classmethod
@@ -141,6 +165,8 @@ class ReadmitRequest(_Strict):
 
     engines: list[StrictStr] = Field(default_factory=list, description="engine IDs to validate")
     wave: StrictBool = Field(default=False, description="validate and readmit the active wave")
+
+    _unique = field_validator("engines")(_no_duplicates)
 
 
 class RequestError(ValueError):

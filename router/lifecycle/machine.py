@@ -72,6 +72,10 @@ class LifecycleMachine:
         self.on_readmitted: list[Callable[[str], None]] = []
         # un-ejects a readmitted engine; wiring routes it through the breaker (streaks, counters)
         self.readmit_hook: Callable[[str], object] = scheduler.uneject
+        # resident work on an engine (active-active: summed over every live replica) and the extra
+        # condition ``ready_to_stop`` needs (active-active: every live replica applied the hold)
+        self.resident_of: Callable[[str], int] = lambda iid: scheduler.engines[iid].resident
+        self.stop_gate: Callable[[str], bool] = lambda iid: True
         self._wave_ids = wave_ids
         self._deadline_mono: dict[str, float] = {}
         self._wave_announced = ""
@@ -100,7 +104,7 @@ class LifecycleMachine:
         rec = self.records.get(iid)
         if rec is None or rec.old_process_start is None or rec.state != "drained":
             return False
-        if self.scheduler.engines[iid].resident:
+        if self.resident_of(iid) or not self.stop_gate(iid):
             return False  # never while work is resident, whatever the record says
         return not rec.wave_id or self.wave_ready_to_stop()
 
@@ -227,7 +231,7 @@ class LifecycleMachine:
     def refresh(self, resident_by_engine: Mapping[str, int] | None = None) -> None:
         resident = resident_by_engine
         if resident is None:
-            resident = {iid: e.resident for iid, e in self.scheduler.engines.items()}
+            resident = {iid: self.resident_of(iid) for iid in self.records}
         mono, wall = self.clock.monotonic(), self.clock.wall()
         for iid in sorted(self.records):
             rec = self.records[iid]
@@ -394,8 +398,12 @@ class LifecycleMachine:
             process_starts=dict(sorted(self.process_starts.items())),
         )
 
-    def restore(self, section: LifecycleSection | Mapping[str, Any]) -> None:
-        """Strict: any malformed part raises LifecycleError and leaves every hold untouched."""
+    def restore(self, section: LifecycleSection | Mapping[str, Any], follower: bool = False) -> None:
+        """Strict: any malformed part raises LifecycleError and leaves every hold untouched.
+
+        ``follower``: an active-active replica mirroring the holder's live state, not a replacement
+        router — a ``validating`` record stays ``validating`` (the holder is still validating it).
+        """
         try:
             sec = checked_section(section, self.engine_ids, self.policy)
         except ValueError as exc:
@@ -403,7 +411,7 @@ class LifecycleMachine:
         records: dict[str, DrainRecord] = {}
         for rec in sec.records:
             rec = rec.model_copy(deep=True)
-            if rec.state == "validating":
+            if rec.state == "validating" and not follower:
                 rec.state = "blocked"
                 rec.error = INTERRUPTED
             records[rec.iid] = rec

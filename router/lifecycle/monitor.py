@@ -14,7 +14,7 @@ whole-wave hold is active):
   Without a prober, this monitor runs the same pass every ``recovery.readmit_every`` passes.
 
 Stages (spec §7.1): ``identity`` → ``liveness`` → ``readmission`` (only without a prober) → the
-stages other components register in ``core.extras["monitor_stages"]`` (HA: ``handoff``, the state
+stages other components register with ``add_stage`` (HA: ``handoff``, the state
 file write, which also runs while a whole-wave hold skips the others). Each stage's exception is
 isolated: the pass goes on with the next stage. After ``controller.monitor_failure_limit``
 consecutive passes with a failing stage, ``core.monitoring_degraded`` is ``"<stage> <Class>"``
@@ -34,11 +34,11 @@ from typing import Any
 from router.attestation import verify_attestation
 from router.core import RouterCore
 from router.lifecycle.service import LifecycleService
+from router.probes import Prober
 
 log = logging.getLogger("narwhal.lifecycle.monitor")
 
 Stage = Callable[[], Awaitable[object]]
-STAGES_KEY = "monitor_stages"  # core.extras: list[tuple[str, Stage]] run after the built-in stages
 
 
 @dataclass
@@ -85,7 +85,7 @@ class LifecycleMonitor:
         core: RouterCore,
         service: LifecycleService,
         eject: Callable[[str, str], object] | None = None,
-        prober: Any = None,
+        prober: Prober | None = None,
     ) -> None:
         self.core = core
         self.service = service
@@ -100,8 +100,7 @@ class LifecycleMonitor:
         self.passes = 0
         self.health = MonitorHealth(cfg.controller.monitor_failure_limit)
         self._task: asyncio.Task[None] | None = None
-        core.extras["identity_check"] = self.check_identities
-        core.extras.setdefault(STAGES_KEY, [])
+        self.stages: list[tuple[str, Stage]] = []  # run after the built-in stages, in order
         if self.contracted:
             core.identities_ready = False  # /ready waits for the startup identity check
 
@@ -122,6 +121,11 @@ class LifecycleMonitor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
+
+    def add_stage(self, name: str, stage: Stage) -> None:
+        """Run ``stage`` in every pass after the built-in ones (once, however often it is added)."""
+        if all(fn != stage for _, fn in self.stages):
+            self.stages.append((name, stage))
 
     def _on_eject(self, iid: str, cause: str) -> None:
         self.machine.require_restart_wave(f"engine {iid} was excluded")
@@ -151,7 +155,7 @@ class LifecycleMonitor:
                 await self._stage("liveness", self.liveness_sweep, failures)
             if self.prober is None and self.passes % rec.readmit_every == 0:
                 await self._stage("readmission", self.recover_ejected, failures)
-        for name, stage in list(core.extras.get(STAGES_KEY) or ()):
+        for name, stage in list(self.stages):
             if core.controls_fleet():
                 await self._stage(name, stage, failures)
         if not core.controls_fleet() or not (failures or full):

@@ -1,16 +1,18 @@
 """The lifecycle service: drain / readmit / recovery handlers over the pure machine (spec §5.2, §6.1).
 
-It is the object attached to the core (``core.extras["lifecycle"]``, see :func:`lifecycle_of`) and
-the one HA calls: ``snapshot() -> LifecycleSection`` and ``restore(section)``. A single asyncio
-lock serializes every mutation (drain, readmit, recovery); reads never wait for it.
+``router/assemble.py`` hands it to HA as its ``LifecycleView`` (``snapshot() -> LifecycleSection``,
+``restore(section)``, ``require_restart_wave``) and registers HA's state-file write in
+``persist_hooks``. A single asyncio lock serializes every mutation (drain, readmit, recovery); reads
+never wait for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from router.core import RouterCore
@@ -19,16 +21,23 @@ from router.lifecycle.document import LifecycleDocument, build_document
 from router.lifecycle.machine import LifecycleError, LifecycleMachine, Verdict
 from router.lifecycle.models import LifecycleSection
 from router.lifecycle.readmission import Readmission
+from router.replicas.view import ReplicaPicture
 
 log = logging.getLogger("narwhal.lifecycle")
-EXTRAS_KEY = "lifecycle"
 NOT_CONTROLLING = "this router does not control the fleet"
 FENCED_DRAIN = "router control was fenced during drain"
 FENCED_VALIDATION = "router control was fenced during validation"
 VALIDATION_FAILED = "readmission validation failed"
 
+NOT_PERSISTED = "state not persisted"
+
 Result = tuple[int, LifecycleDocument]
-PersistHook = Callable[[], Awaitable[None] | None]
+# HA's persist: returns once the state is durable; raises (``router.ha.persist.PersistError``) when not
+PersistHook = Callable[[], object]
+
+
+class NotPersisted(RuntimeError):
+    """A lifecycle change could not be made durable; the message says where and why."""
 
 
 class LifecycleService:
@@ -45,7 +54,7 @@ class LifecycleService:
         self.readmission = Readmission(core.config, core.scheduler, self.machine, self.control, eject=eject)
         self.lock = asyncio.Lock()
         self.persist_hooks: list[PersistHook] = []  # HA: write the handoff after lifecycle POSTs
-        core.extras[EXTRAS_KEY] = self
+        self.replicas: ReplicaPicture | None = None  # active-active: the replica set's picture
 
     # -- component protocol (routes live in routes.py) ---------------------------------------
     def add_routes(self, app: Any) -> None:
@@ -76,19 +85,43 @@ class LifecycleService:
 
     # -- views -------------------------------------------------------------------------------
     def document(self, error: str = "") -> LifecycleDocument:
-        return build_document(self.machine, self.core, error)
+        return build_document(self.machine, self.core, error, self.replicas)
 
     def _answer(self, status: int, error: str = "") -> Result:
         return status, self.document(error)
 
     async def _persist(self) -> None:
+        """Acknowledged means durable: raises ``NotPersisted`` unless every hook stored the state.
+
+        (The peer ignores persistence errors, spec §5.2 step 6; here a change whose state a
+        successor would not find is never answered 200.)
+        """
         for hook in list(self.persist_hooks):
             try:
                 result = hook()
                 if inspect.isawaitable(result):
                     await result
-            except Exception:  # spec §5.2 step 6: persistence errors never fail the action
-                log.exception("lifecycle persist hook failed")
+            except Exception as exc:
+                log.error("lifecycle change not persisted: %s", exc)
+                text = str(exc) or type(exc).__name__
+                raise NotPersisted(
+                    text if text.startswith(NOT_PERSISTED) else f"{NOT_PERSISTED}: {text}"
+                ) from None
+
+    async def _refuse_unpersisted(self) -> Result | None:
+        """While the last state write failed, refuse changes until a write succeeds again."""
+        if not self.core.persist_degraded:
+            return None
+        try:
+            await self._persist()
+        except NotPersisted as exc:
+            return self._answer(503, f"{exc}; lifecycle changes refused until a state write succeeds")
+        return None
+
+    def _rollback(self, before: LifecycleSection, exc: NotPersisted) -> Result:
+        """Undo an unpersisted change in memory: a repeat of the request starts from the same state."""
+        self.machine.restore(before)
+        return self._answer(503, f"{exc}; change undone, repeat the request")
 
     # -- drain (spec §5.2) -------------------------------------------------------------------
     async def drain(self, engines: Iterable[str], wave: bool, deadline_s: float) -> Result:
@@ -96,6 +129,9 @@ class LifecycleService:
             return self._answer(503, NOT_CONTROLLING)
         engines = list(engines)
         async with self.lock:
+            if (refused := await self._refuse_unpersisted()) is not None:
+                return refused
+            before = self.machine.snapshot()
             try:
                 self.machine.begin(engines, wave, deadline_s)  # targets leave placement here
             except LifecycleError as exc:
@@ -105,7 +141,10 @@ class LifecycleService:
             failures = {
                 iid: err for iid, res in results.items() if (err := self.machine.bind_capture(iid, res))
             }
-            await self._persist()
+            try:
+                await self._persist()
+            except NotPersisted as exc:
+                return self._rollback(before, exc)
             if not self.core.controls_fleet():
                 return self._answer(503, FENCED_DRAIN)
             if failures:
@@ -118,13 +157,23 @@ class LifecycleService:
             return self._answer(503, NOT_CONTROLLING)
         engines = list(engines)
         async with self.lock:
+            if (refused := await self._refuse_unpersisted()) is not None:
+                return refused
+            before = self.machine.snapshot()
             try:
                 targets = self.machine.mark_validating(engines, wave)
             except LifecycleError as exc:
                 return self._answer(409, str(exc))
-            await self._persist()
+            try:
+                await self._persist()
+            except NotPersisted as exc:
+                return self._rollback(before, exc)
             ok, fenced = await self._validate(targets, wave)
-            await self._persist()
+            try:
+                await self._persist()
+            except NotPersisted as exc:
+                # not readmitted: back to the held state before this request (validate again)
+                return self._rollback(before, exc)
             if fenced:
                 return self._answer(503, FENCED_VALIDATION)
             return self._answer(200) if ok else self._answer(409, VALIDATION_FAILED)
@@ -144,20 +193,20 @@ class LifecycleService:
     # -- automatic recovery (spec §6.7, §7.3) ------------------------------------------------
     async def recover(self, engines: list[str], wave: bool = False) -> bool:
         """Validate ejected engines on their running processes; True when readmitted."""
-        if not self.core.controls_fleet() or self.lock.locked():
-            return False
+        if not self.core.controls_fleet() or self.lock.locked() or self.core.persist_degraded:
+            return False  # no automatic change while state cannot be persisted
         async with self.lock:
+            before = self.machine.snapshot()
             try:
                 targets = self.machine.start_recovery(engines, wave)
             except LifecycleError:
                 return False
-            await self._persist()
+            try:
+                await self._persist()
+            except NotPersisted:
+                self.machine.restore(before)
+                return False
             ok, _ = await self._validate(targets, wave)
-            await self._persist()
+            with contextlib.suppress(NotPersisted):  # acknowledged to no one: a successor that
+                await self._persist()  # misses it sees the engine ejected (the safe side)
             return ok
-
-
-def lifecycle_of(core: RouterCore) -> LifecycleService | None:
-    """The lifecycle service attached to ``core`` (None when the router runs without one)."""
-    service = core.extras.get(EXTRAS_KEY)
-    return service if isinstance(service, LifecycleService) else None

@@ -1,25 +1,27 @@
 """How the lifecycle plugs into a router process (used by ``router/assemble.py``).
 
 ``lifecycle_components`` builds the lifecycle API (``LifecycleService``: routes, and the object HA
-calls, ``core.extras["lifecycle"]``) and the background monitor, hooks readmission into the
-breaker and the prober, and adds the lifecycle gauges to ``/metrics``.
+is given as its lifecycle) and the background monitor, hooks readmission into the breaker and the
+prober, and adds the lifecycle gauges to ``/metrics``.
 ``install_control_auth`` adds the ``/narwhal/*`` bearer-token middleware when configured.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass
 
 from aiohttp import web
 
-from router.app import Component
+from router.breaker import Breaker
 from router.config import FleetConfig
 from router.core import RouterCore
 from router.lifecycle.auth import control_auth_middleware
 from router.lifecycle.models import LIFECYCLE_STATES
 from router.lifecycle.monitor import LifecycleMonitor
 from router.lifecycle.service import LifecycleService
+from router.metrics import MetricsRenderer
+from router.probes import Prober
 
 
 def metric_lines(service: LifecycleService) -> Iterable[str]:
@@ -51,22 +53,21 @@ def metric_lines(service: LifecycleService) -> Iterable[str]:
     return out
 
 
-def lifecycle_components(core: RouterCore, parts: Any) -> list[Component]:
-    """The lifecycle API and monitor; ``parts`` = ``assemble.RouterParts`` (breaker, prober, metrics)."""
-    breaker = getattr(parts, "breaker", None)
+@dataclass(frozen=True)
+class LifecycleParts:
+    service: LifecycleService  # /narwhal/lifecycle routes; HA's LifecycleView
+    monitor: LifecycleMonitor  # background passes; HA's MonitorView
 
-    def eject(iid: str, cause: str) -> object:
-        return breaker.eject(iid, cause) if breaker is not None else core.scheduler.eject(iid, cause)
 
-    service = LifecycleService(core, eject=eject)
-    if breaker is not None:
-        core.extras.setdefault("breaker", breaker)
-        service.machine.readmit_hook = lambda iid: breaker.readmit(iid, "lifecycle")
-    monitor = LifecycleMonitor(core, service, eject=eject, prober=getattr(parts, "prober", None))
-    metrics = getattr(parts, "metrics", None)
-    if metrics is not None:
-        metrics.extra_metric_sources.append(lambda: metric_lines(service))
-    return [service, monitor]
+def lifecycle_components(
+    core: RouterCore, breaker: Breaker, prober: Prober, metrics: MetricsRenderer
+) -> LifecycleParts:
+    """The lifecycle API and monitor, with readmission hooked into the breaker and the prober."""
+    service = LifecycleService(core, eject=breaker.eject)
+    service.machine.readmit_hook = lambda iid: breaker.readmit(iid, "lifecycle")
+    monitor = LifecycleMonitor(core, service, eject=breaker.eject, prober=prober)
+    metrics.extra_metric_sources.append(lambda: metric_lines(service))
+    return LifecycleParts(service, monitor)
 
 
 def install_control_auth(app: web.Application, config: FleetConfig) -> None:

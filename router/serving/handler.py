@@ -194,7 +194,7 @@ class Serving:
         except web.HTTPRequestEntityTooLarge:
             raise _Settled(self._too_large(rec, limit)) from None
         try:
-            parsed = parse_request(raw, endpoint, self.model)
+            parsed = parse_request(raw, endpoint, self.model, self.core.max_tokens_limit())
         except ClientError as err:
             raise _Settled(
                 self._settle(rec, "invalid_requests", err.code or "invalid_request", err)

@@ -37,8 +37,14 @@ def _is_int(v: Any) -> bool:
     return type(v) is int
 
 
-def parse_request(raw: bytes, endpoint: Endpoint, model: str) -> ParsedRequest:
-    """Validate a request body; raises :class:`ClientError` (400/404) with the spec error shape."""
+def parse_request(
+    raw: bytes, endpoint: Endpoint, model: str, max_tokens_limit: int | None = None
+) -> ParsedRequest:
+    """Validate a request body; raises :class:`ClientError` (400/404) with the spec error shape.
+
+    ``max_tokens_limit``: the model's context (``serving.max_tokens_limit``, or the smallest
+    ``max_model_len`` the engines report); a larger ``max_tokens`` is refused before any engine.
+    """
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -68,12 +74,20 @@ def parse_request(raw: bytes, endpoint: Endpoint, model: str) -> ParsedRequest:
             raise _bad(f"'{key}' must be an integer", key)
     for key in ("n", "best_of"):
         v = body.get(key)
+        if v is not None and v < 1:
+            raise _bad(f"'{key}' must be at least 1", key)
         if v is not None and v > 1:
             raise _bad(f"'{key}' > 1 is not supported by this router", key)
     for key in ("max_tokens", "max_completion_tokens"):
         v = body.get(key)
         if v is not None and v < 1:
             raise _bad(f"'{key}' must be at least 1", key)
+        if v is not None and max_tokens_limit is not None and v > max_tokens_limit:
+            raise _bad(
+                f"'{key}' ({v}) exceeds the model's context of {max_tokens_limit} tokens",
+                key,
+                "context_length_exceeded",
+            )
 
     if endpoint == "completions":
         prompt = body.get("prompt")

@@ -316,7 +316,7 @@ def test_unusable_state_file_is_refused_without_partial_application(tmp_path: Pa
         saved = json.loads(path.read_text())
         if kind == "torn":
             content = path.read_bytes()[: len(path.read_bytes()) // 2]
-            reason = "no handoff file"
+            reason = "handoff file torn: "
         elif kind == "foreign":
             saved["engines"] = ["x0", "x1"]
             saved["roles"] = {"x0": "prefill", "x1": "decode"}
@@ -328,6 +328,8 @@ def test_unusable_state_file_is_refused_without_partial_application(tmp_path: Pa
             content = json.dumps(saved).encode()
             reason = "handoff file invalid"
         path.write_bytes(content)
+        # the same damage in the shared copy beside the lease (a valid one there would be resumed)
+        (tmp_path / "router.lease.handoff.json").write_bytes(content)
         again = _router(group, tmp_path, sims, "a", "--resume")
         ready = again.get("/ready")
         assert ready.status_code == 503

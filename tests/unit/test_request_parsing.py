@@ -139,3 +139,21 @@ def test_decode_body_shape() -> None:
 )
 def test_descriptor(doc: Any, ok: bool) -> None:
     assert (find_descriptor(doc) is not None) is ok
+
+
+@pytest.mark.parametrize(("key", "value"), [("n", 0), ("n", -3), ("best_of", 0)])
+def test_n_below_one_is_a_400(key: str, value: int) -> None:
+    e = err({"prompt": "x", key: value})
+    assert (e.status, e.param) == (400, key) and "at least 1" in e.message
+
+
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_above_the_context_is_a_400(key: str) -> None:
+    with pytest.raises(ClientError) as info:
+        parse_request(orjson.dumps({"prompt": "x", key: 2**63 - 1}), "completions", MODEL, 8192)
+    e = info.value
+    assert (e.status, e.code, e.param) == (400, "context_length_exceeded", key)
+    assert (
+        parse_request(orjson.dumps({"prompt": "x", key: 8192}), "completions", MODEL, 8192).body[key] == 8192
+    )
+    assert parse_request(orjson.dumps({"prompt": "x", key: 2**40}), "completions", MODEL).body[key] == 2**40

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from router.clock import FakeClock
 from router.config import CONTRACT_FIELDS, FleetConfig, parse_fleet
 from router.core import RouterCore
+from router.ha.transfer import Handover
 from router.journal import Journal
 from router.lifecycle.machine import LifecycleMachine
 
@@ -47,16 +49,25 @@ def fleet(
     return parse_fleet(data)
 
 
-def core(
-    cfg: FleetConfig | None = None, clock: FakeClock | None = None, lifecycle: bool = True
-) -> RouterCore:
-    c = RouterCore(config=cfg or fleet(), journal=Journal(None), clock=clock or FakeClock())
+@dataclass(eq=False)
+class HACore(RouterCore):
+    """A core with the lifecycle machine HA is given (``assemble`` gives it the LifecycleService)."""
+
+    lifecycle: LifecycleMachine | None = None
+
+
+def core(cfg: FleetConfig | None = None, clock: FakeClock | None = None, lifecycle: bool = True) -> HACore:
+    c = HACore(config=cfg or fleet(), journal=Journal(None), clock=clock or FakeClock())
     if lifecycle:
-        c.extras["lifecycle"] = LifecycleMachine(c.config, c.scheduler, c.clock)
+        c.lifecycle = LifecycleMachine(c.config, c.scheduler, c.clock)
     return c
 
 
-def machine(c: RouterCore) -> LifecycleMachine:
-    m = c.extras["lifecycle"]
-    assert isinstance(m, LifecycleMachine)
-    return m
+def machine(c: HACore) -> LifecycleMachine:
+    assert c.lifecycle is not None
+    return c.lifecycle
+
+
+def handover(c: HACore) -> Handover:
+    """``transfer.build`` / ``apply`` for this core, with its lifecycle machine (if any)."""
+    return Handover(c, c.lifecycle)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from router import cli
-from router.assemble import RouterOptions, build_router
+from router.assemble import RouterOptions, assemble, build_router
 from router.config import parse_fleet
 from router.ha.service import HAService
 from tests.unit.ha.helpers import fleet
@@ -91,8 +91,7 @@ def test_fractional_values_reach_the_lease(tmp_path: Path) -> None:
         standby_probe_interval=0.05,
         standby_takeover_after=2,
     )
-    _, core = build_router(cfg, options)
-    ha = core.extras["ha"]
+    ha = assemble(cfg, options).ha
     assert isinstance(ha, HAService) and ha.lease is not None
     s = ha.lease.settings
     assert (s.ttl_s, s.renew_interval_s, s.safety_margin_s) == (0.8, 0.2, 0.1)
@@ -104,8 +103,8 @@ def test_fractional_values_reach_the_lease(tmp_path: Path) -> None:
 def test_fleet_file_ha_section_and_flag_override(tmp_path: Path) -> None:
     path = _fleet_file(tmp_path, lease_path=str(tmp_path / "l"), lease_ttl_s=3.0, router_id="from-file")
     cfg = parse_fleet(json.loads(path.read_text()))
-    _, core = build_router(cfg, RouterOptions(lease_ttl=2.5))
-    ha = core.extras["ha"]
+    ha = assemble(cfg, RouterOptions(lease_ttl=2.5)).ha
+    assert ha.lease is not None
     assert ha.lease.settings.ttl_s == 2.5 and ha.lease.holder.startswith("from-file:")
     bad = dict(json.loads(path.read_text()))
     bad["ha"]["lease_ttl_s"] = float("inf")

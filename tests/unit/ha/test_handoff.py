@@ -11,9 +11,8 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from router.counters import HANDOFF_COUNTERS
-from router.ha import transfer
 from router.ha.handoff import SCHEMA_FILE, HandoffError, HandoffVersionError, loads, schema_text, validate
-from tests.unit.ha.helpers import core, fixture, machine
+from tests.unit.ha.helpers import core, fixture, handover, machine
 
 
 @pytest.mark.parametrize("name", ["handoff_initial.json", "handoff_after_resume.json"])
@@ -32,7 +31,7 @@ def test_schema_file_is_generated_from_the_model() -> None:
 
 def test_built_document_has_the_peer_shape() -> None:
     c = core()
-    doc = transfer.build(c).dump()
+    doc = handover(c).build().dump()
     peer = fixture("handoff_initial.json")
     assert list(doc) == list(peer)
     assert list(doc["counters"]) == list(HANDOFF_COUNTERS) == list(peer["counters"])
@@ -58,7 +57,7 @@ def test_built_document_carries_drains_suspects_and_risk() -> None:
     c.counters.finish("rejected", "not_ready")
     c.demand_risk.record("first_token_timeout")
     c.clock.advance(2.5)  # type: ignore[attr-defined]
-    doc = transfer.build(c)
+    doc = handover(c).build()
     assert doc.lifecycle.records[0].state == "drained"
     assert doc.inference_sources == {"e2": ["", "e0"]}
     assert doc.ejected == ["e0"]

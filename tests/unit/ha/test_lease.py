@@ -13,11 +13,14 @@ from router.clock import FakeClock
 from router.ha.lease import (
     FileLeaseBackend,
     Lease,
+    LeaseCorrupt,
     LeaseError,
     LeaseRecord,
     LeaseSettings,
+    Unreadable,
     claim_rule,
     new_holder,
+    record_from_doc,
     release_rule,
     renew_rule,
 )
@@ -191,8 +194,9 @@ def test_failed_renewal_keeps_old_deadline_and_leaves_no_temp_files(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", broken_replace)
-    assert not a.renew()
-    assert a.deadline == deadline
+    with pytest.raises(LeaseError, match="No space left"):  # a local error: the caller retries
+        a.renew()
+    assert a.owned and a.deadline == deadline
     assert path.read_bytes() == before
     assert sorted(p.name for p in path.parent.iterdir()) == ["router.lease", "router.lease.lock"]
 
@@ -209,12 +213,23 @@ def test_release_expires_own_epoch(path: Path, clock: FakeClock) -> None:
     assert b.claim() and b.epoch == 2  # immediately claimable, next epoch
 
 
-def test_renewal_fails_when_record_vanished(path: Path, clock: FakeClock) -> None:
+def test_holder_rewrites_a_vanished_record(path: Path, clock: FakeClock) -> None:
     a = _lease(path, clock, "a:1")
     assert a.claim()
     path.unlink()
-    assert not a.renew() and not a.owned and not a.valid()
-    assert not path.exists()  # a fenced holder does not re-create the record
+    clock.advance(1.0)
+    assert a.renew() and a.owned and a.valid()
+    assert _doc(path)["epoch"] == 1 and _doc(path)["holder"] == "a:1"
+    assert a.recovered == "lease record missing: rewritten by the holder at epoch 1"
+
+
+def test_holder_past_its_validity_does_not_recreate_a_vanished_record(path: Path, clock: FakeClock) -> None:
+    a = _lease(path, clock, "a:1")
+    assert a.claim()
+    path.unlink()
+    clock.advance(TTL)  # locally invalid: someone may have claimed meanwhile
+    assert not a.renew() and not a.owned
+    assert not path.exists()
 
 
 def test_renewal_fails_when_epoch_changed(path: Path, clock: FakeClock) -> None:
@@ -264,12 +279,13 @@ def test_malformed_records_fail_closed(path: Path, clock: FakeClock, raw: object
         _write_doc(path, **raw)
     before = path.read_bytes()
     a = _lease(path, clock, "a:1")
-    with pytest.raises(LeaseError):
-        a.claim()
-    assert not a.owned and not a.valid()
+    assert not a.claim()  # may still be a live holder's record: waited out, not claimed
+    assert not a.owned and not a.valid() and a.problem
     assert path.read_bytes() == before
-    with pytest.raises(LeaseError):
+    with pytest.raises(LeaseCorrupt):
         FileLeaseBackend(path).read()
+    clock.advance(TTL)  # a full TTL after the damage was first seen: recovered, epoch above all seen
+    assert a.claim() and a.epoch == 1 and a.recovered.endswith("claimed epoch 1 above every epoch seen")
 
 
 @pytest.mark.parametrize("field", ["expires_at", "updated_at"])
@@ -283,12 +299,14 @@ def test_non_finite_timestamps_fail_read_claim_renew_without_rewriting(
     doc = json.loads(text)
     bad = text.replace(json.dumps(doc[field]), value, 1)
     path.write_text(bad)
-    with pytest.raises(LeaseError):
+    with pytest.raises(LeaseCorrupt):
         FileLeaseBackend(path).read()
-    assert not a.renew()
-    with pytest.raises(LeaseError):
-        _lease(path, clock, "b:2").claim()
+    b = _lease(path, clock, "b:2")
+    assert not b.claim() and b.problem  # the damaged record may be a live holder's
     assert path.read_text() == bad
+    assert a.renew()  # the holder rewrites it with its own epoch
+    assert FileLeaseBackend(path).read() == LeaseRecord.of(1, "a:1", clock.wall() + TTL, clock.wall())
+    assert "rewritten by the holder at epoch 1" in a.recovered
 
 
 def test_claim_write_failure_raises_and_keeps_previous_bytes(
@@ -339,16 +357,50 @@ def test_lock_busy_is_a_lease_error(path: Path, clock: FakeClock) -> None:
 
 
 def test_pure_rules() -> None:
-    rec = LeaseRecord(3, "a", expires_at=110.0, updated_at=105.0)
-    assert claim_rule(None, "a", 100.0, 5.0) == LeaseRecord(1, "a", 105.0, 100.0)
+    rec = LeaseRecord.of(3, "a", expires_at=110.0, updated_at=105.0)
+    assert claim_rule(None, "a", 100.0, 5.0) == LeaseRecord.of(1, "a", 105.0, 100.0)
     assert claim_rule(rec, "b", 100.0, 5.0) is None
-    assert claim_rule(rec, "a", 100.0, 5.0) == LeaseRecord(3, "a", 105.0, 100.0)
-    assert claim_rule(rec, "b", 110.0, 5.0) == LeaseRecord(4, "b", 115.0, 110.0)  # expires_at == now: expired
-    assert renew_rule(rec, "a", 3, 100.0, 5.0) == LeaseRecord(3, "a", 105.0, 100.0)
+    assert claim_rule(rec, "a", 100.0, 5.0) == LeaseRecord.of(3, "a", 105.0, 100.0)
+    assert claim_rule(rec, "b", 110.0, 5.0) == LeaseRecord.of(
+        4, "b", 115.0, 110.0
+    )  # expires_at == now: expired
+    assert renew_rule(rec, "a", 3, 100.0, 5.0) == LeaseRecord.of(3, "a", 105.0, 100.0)
     assert renew_rule(rec, "a", 2, 100.0, 5.0) is None
     assert renew_rule(rec, "b", 3, 100.0, 5.0) is None
     assert renew_rule(rec, "a", 3, 110.0, 5.0) is None
-    assert renew_rule(None, "a", 3, 100.0, 5.0) is None
-    assert release_rule(rec, "a", 3, 101.0) == LeaseRecord(3, "a", 101.0, 101.0)
+    assert renew_rule(None, "a", 3, 100.0, 5.0) == LeaseRecord.of(3, "a", 105.0, 100.0)  # holder rewrites
+    assert renew_rule(Unreadable("torn"), "a", 3, 100.0, 5.0) == LeaseRecord.of(3, "a", 105.0, 100.0)
+    # epochs never go backwards: above the record's epoch and the floor (handoff epochs seen)
+    assert claim_rule(rec, "b", 110.0, 5.0, floor=7) == LeaseRecord.of(8, "b", 115.0, 110.0)
+    assert claim_rule(None, "b", 100.0, 5.0, floor=7) == LeaseRecord.of(8, "b", 105.0, 100.0)
+    # a damaged or vanished record is claimable only from wait_until on
+    assert claim_rule(Unreadable("torn"), "b", 100.0, 5.0, floor=3, wait_until=101.0) is None
+    assert claim_rule(Unreadable("torn"), "b", 101.0, 5.0, floor=3, wait_until=101.0) == LeaseRecord.of(
+        4, "b", 106.0, 101.0
+    )
+    assert claim_rule(None, "b", 100.0, 5.0, wait_until=101.0) is None
+    assert release_rule(rec, "a", 3, 101.0) == LeaseRecord.of(3, "a", 101.0, 101.0)
     assert release_rule(rec, "a", 2, 101.0) is None
     assert release_rule(None, "a", 3, 101.0) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"epoch": 0}, "epoch"),
+        ({"epoch": True}, "epoch"),
+        ({"holder": ""}, "holder"),
+        ({"expires_at": float("nan")}, "expires_at"),
+        ({"schema_version": 2}, "schema_version"),
+        ({"schema": "narwhal.lease"}, "schema"),
+        ({"stray": 1}, "stray"),
+    ],
+)
+def test_a_malformed_record_is_refused_naming_the_field(change: dict[str, object], named: str) -> None:
+    doc = LeaseRecord.of(3, "a:1", 110.0, 105.0).to_doc()
+    assert record_from_doc(doc) == LeaseRecord.of(3, "a:1", 110.0, 105.0)  # round trip
+    with pytest.raises(LeaseError, match=rf"^lease record invalid: {named}: "):
+        record_from_doc(doc | change)
+    missing = {k: v for k, v in doc.items() if k != "schema"}
+    with pytest.raises(LeaseError, match="schema: Field required"):
+        record_from_doc(missing)

@@ -11,14 +11,13 @@ from typing import Any
 import pytest
 
 from router.clock import FakeClock
-from router.core import RouterCore
-from router.ha import statefile, transfer
+from router.ha import statefile
 from router.ha.handoff import HandoffVersionError, validate
-from router.ha.lease import Lease, LeaseSettings
+from router.ha.lease import Lease, LeaseError, LeaseSettings
 from router.ha.service import HAService
 from router.ha.settings import HARuntime
 from router.ha.standby import StandbyLoop, judge_probe
-from tests.unit.ha.helpers import core, fixture, fleet, machine
+from tests.unit.ha.helpers import HACore, core, fixture, fleet, machine
 
 FAST = {"lease_ttl_s": 1.0, "lease_renew_interval_s": 0.2, "lease_safety_margin_s": 0.1}
 
@@ -34,8 +33,8 @@ def _runtime(tmp_path: Path, name: str = "a", lease: bool = True, **kw: Any) -> 
     return HARuntime(**values)
 
 
-def _service(tmp_path: Path, c: RouterCore, name: str = "a", **kw: Any) -> HAService:
-    return HAService(c, _runtime(tmp_path, name, **kw))
+def _service(tmp_path: Path, c: HACore, name: str = "a", **kw: Any) -> HAService:
+    return HAService(c, _runtime(tmp_path, name, **kw), lifecycle=c.lifecycle)
 
 
 def _lease(tmp_path: Path, clock: FakeClock, router_id: str = "other") -> Lease:
@@ -78,7 +77,7 @@ async def test_router_without_lease_controls_and_persists(tmp_path: Path, clock:
     ha = _service(tmp_path, c, lease=False)
     await ha.start()
     assert c.controls_fleet() and c.control.epoch == 0
-    assert c.extras["persist"]() is True
+    assert await ha.persist() is True
     await ha.stop()
     assert _load(ha.settings.state_path)["holder"] == ""
 
@@ -95,7 +94,7 @@ async def test_router_losing_the_claim_is_fenced_for_good(tmp_path: Path, clock:
     assert c.prefill_hold_reason() == "lease held by another router"
     other.release()
     assert not c.controls_fleet()  # never re-claims
-    assert c.extras["persist"]() is False
+    assert await ha.persist() is False
     await ha.stop()
     assert not _exists(ha.settings.state_path)
 
@@ -110,26 +109,89 @@ async def test_lease_expired_during_cleanup_means_no_final_write(tmp_path: Path,
     assert not _exists(ha.settings.state_path)
 
 
-async def test_renewal_failure_fences_at_once(
+async def _drive_renewal(
+    ha: HAService, monkeypatch: pytest.MonkeyPatch, clock: FakeClock, step: float
+) -> None:
+    """Run the renewal loop by hand: each sleep advances the fake clock instead of waiting."""
+    for task in ha._tasks:
+        task.cancel()
+
+    async def fake_sleep(_: float) -> None:
+        clock.advance(step)
+
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    assert ha.keeper is not None
+    await ha.keeper.renew_forever()
+    monkeypatch.undo()
+
+
+async def test_renewal_seeing_another_holder_fences_at_once(
     tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     c = core(clock=clock)
     ha = _service(tmp_path, c)
     await ha.start()
-    assert ha.lease is not None
-    for task in ha._tasks:  # drive the renewal loop by hand, without real sleeps
-        task.cancel()
-    (tmp_path / "router.lease").unlink()  # the record vanished
-
-    async def no_sleep(_: float) -> None:
-        return None
-
-    monkeypatch.setattr(asyncio, "sleep", no_sleep)
-    await ha._renew_loop(ha.lease)
+    record = json.loads((tmp_path / "router.lease").read_text())
+    (tmp_path / "router.lease").write_text(json.dumps(record | {"holder": "thief:1", "epoch": 2}))
+    await _drive_renewal(ha, monkeypatch, clock, 0.2)
     assert c.control.failover_blocked == "lease renewal failed" and not c.controls_fleet()
     assert c.health_status() == "fenced"
-    assert not (tmp_path / "router.lease").exists()
-    monkeypatch.undo()
+    await ha.stop()
+
+
+async def test_holder_rewrites_a_vanished_lease_record(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = core(clock=clock)
+    ha = _service(tmp_path, c)
+    await ha.start()
+    assert ha.lease is not None and ha.keeper is not None
+    (tmp_path / "router.lease").unlink()
+    calls = 0
+    real_renew = ha.lease.renew
+
+    def renew_then_stop() -> bool:
+        nonlocal calls
+        calls += 1
+        ok = real_renew()
+        if calls >= 2:
+            ha.lease.owned = False  # end the hand-driven loop
+        return ok
+
+    monkeypatch.setattr(ha.lease, "renew", renew_then_stop)
+    await _drive_renewal(ha, monkeypatch, clock, 0.2)
+    assert _load(str(tmp_path / "router.lease"))["epoch"] == 1
+    assert "rewritten by the holder at epoch 1" in ha.lease.recovered
+    await ha.stop()
+
+
+async def test_transient_renewal_errors_are_retried_and_a_local_loss_claims_again(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = core(clock=clock)
+    ha = _service(tmp_path, c)
+    await ha.start()
+    assert ha.lease is not None and ha.keeper is not None
+    lease = ha.lease
+    real_update = lease.backend.update
+    failures = {"left": 8}  # 8 failures × 0.2 s steps: past the 0.9 s validity, lost locally
+    renewals = {"ok": 0}
+
+    def flaky(fn: Any) -> Any:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise LeaseError("cannot open lease lock: Too many open files")
+        written = real_update(fn)
+        renewals["ok"] += 1
+        if renewals["ok"] >= 3:
+            lease.owned = False  # end the hand-driven loop
+        return written
+
+    monkeypatch.setattr(lease.backend, "update", flaky)
+    await _drive_renewal(ha, monkeypatch, clock, 0.2)
+    assert ha.keeper.renewal_errors >= 1 and ha.keeper.reclaims == 1
+    assert lease.epoch == 2  # our record expired meanwhile: claimed again at the next epoch
+    assert c.control.failover_blocked == "" and not c.control.standby
     await ha.stop()
 
 
@@ -166,7 +228,9 @@ async def test_resume_applies_the_previous_epoch(tmp_path: Path, clock: FakeCloc
     await b.stop()
 
 
-async def test_resume_refuses_a_document_from_an_older_epoch(tmp_path: Path, clock: FakeClock) -> None:
+async def test_resume_refuses_an_older_document_when_the_shared_copy_is_damaged(
+    tmp_path: Path, clock: FakeClock
+) -> None:
     raw = fixture("handoff_initial.json") | {"epoch": 1, "holder": "x:1"}
     statefile.write(tmp_path / "a.state.json", validate(raw))
     other = _lease(tmp_path, clock)
@@ -174,18 +238,38 @@ async def test_resume_refuses_a_document_from_an_older_epoch(tmp_path: Path, clo
         assert other.claim()
         other.release()
         other = _lease(tmp_path, clock)
+    (tmp_path / "router.lease.handoff.json").write_bytes(b'{"schema": "narwhal.handoff", "sch')  # torn
     c = core(clock=clock)
     ha = _service(tmp_path, c, resume=True)
     await ha.start()
     assert c.control.epoch == 4
-    assert ha.resume_result == (False, "handoff epoch 1 is older than the fleet's last lease epoch 3")
+    assert ha.resume_result is not None and not ha.resume_result[0]
+    assert ha.resume_result[1].startswith("handoff file torn: ")
+    assert ha.resume_result[1].endswith("older than the lease's last epoch 3")
+    await ha.stop()
+
+
+async def test_resume_takes_the_newest_document_whichever_router_wrote_it(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # A held epoch 1 (its own state file), B took over at epoch 2 and drained e2 (shared copy)
+    old = fixture("handoff_initial.json") | {"epoch": 1, "holder": "router-a:1", "at": clock.wall() - 10}
+    statefile.write(tmp_path / "a.state.json", validate(old))
+    newer = fixture("handoff_after_resume.json") | {"epoch": 2, "holder": "router-b:2", "at": clock.wall()}
+    statefile.write(tmp_path / "router.lease.handoff.json", validate(newer))
+    c = core(clock=clock)
+    ha = _service(tmp_path, c, resume=True)
+    await ha.start()
+    assert ha.resume_result is not None and ha.resume_result[0], ha.resume_result
+    assert c.control.epoch == 3  # above every epoch seen, though the lease file never existed
+    assert "e2" in c.scheduler.draining and c.counters.values["served"] == 20
     await ha.stop()
 
 
 @pytest.mark.parametrize(
     ("content", "reason"),
     [
-        (b'{"schema": "narwhal.handoff", "sche', "no handoff file"),
+        (b'{"schema": "narwhal.handoff", "sche', "handoff file torn: "),
         (b"foreign", "handoff names"),
         (b"policy", "handoff engine restart policy mismatch"),
         (b"invalid", "handoff file invalid:"),
@@ -257,7 +341,7 @@ async def _standby(
     ha = _service(tmp_path, c, name="b", standby_of="http://primary.invalid")
     c.control.standby = True
     assert ha.lease is not None
-    loop = StandbyLoop(c, ha.settings, ha.lease, ha._activate)
+    loop = StandbyLoop(c, ha.settings, ha.lease, ha.handover, ha._activate)
     ha.standby_loop = loop
     loop.doc = validate(doc) if doc is not None else None
     loop.last_good_mono = clock.monotonic()
@@ -282,17 +366,19 @@ async def test_takeover_claims_next_epoch_and_applies_the_snapshot(tmp_path: Pat
     assert _load(ha.settings.state_path)["epoch"] == 2
 
 
-async def test_takeover_refuses_an_epoch_gap_and_releases(tmp_path: Path, clock: FakeClock) -> None:
+async def test_takeover_refuses_an_old_snapshot_when_the_shared_copy_is_damaged(
+    tmp_path: Path, clock: FakeClock
+) -> None:
     primary = _lease(tmp_path, clock, "router-a")
     assert primary.claim()
     primary.release()
+    (tmp_path / "router.lease.handoff.json").write_bytes(b"")  # empty: may have held epoch 1's state
     raw = fixture("handoff_initial.json") | {"epoch": 0, "at": clock.wall()}  # not epoch 1
     loop, ha = await _standby(tmp_path, clock, raw)
     assert await loop.try_takeover()
     c = loop.core
-    assert (
-        c.control.standby and c.control.failover_blocked == "handoff epoch 0 cannot precede claimed epoch 2"
-    )
+    assert c.control.standby and c.control.failover_blocked.startswith("handoff file empty: ")
+    assert c.control.failover_blocked.endswith("older than the lease's last epoch 1")
     assert not ha.lease.owned if ha.lease else False
     assert _load(str(tmp_path / "router.lease"))["expires_at"] == clock.wall()  # released at once
     assert c.counters.values["served"] == 0
@@ -318,13 +404,13 @@ async def test_takeover_refuses_a_foreign_fleet_and_stays_standby(tmp_path: Path
 
 async def test_standby_and_fenced_never_persist(tmp_path: Path, clock: FakeClock) -> None:
     _, ha = await _standby(tmp_path, clock, None)
-    assert ha.persist() is False
+    assert await ha.persist() is False
     await ha.stop()
     assert not _exists(ha.settings.state_path)
 
 
 async def test_handoff_route_serves_any_role(tmp_path: Path, clock: FakeClock) -> None:
-    loop, ha = await _standby(tmp_path, clock, None)
+    _, ha = await _standby(tmp_path, clock, None)
     resp = await ha.handoff_route(None)  # type: ignore[arg-type]
     assert resp.status == 200
     assert resp.body is not None
@@ -332,7 +418,7 @@ async def test_handoff_route_serves_any_role(tmp_path: Path, clock: FakeClock) -
     assert (
         body["epoch"] == 0
         and body["holder"] == ""
-        and body == transfer.build(loop.core).dump() | {"at": body["at"]}
+        and body == ha.handover.build().dump() | {"at": body["at"]}
     )
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from router.ha import statefile, transfer
+from router.ha import statefile
 from router.ha.handoff import HandoffError, validate
-from tests.unit.ha.helpers import core, fixture
+from tests.unit.ha.helpers import core, fixture, handover
 
 
 def _listing(path: Path) -> list[str]:
@@ -53,16 +53,47 @@ def test_write_refuses_an_invalid_document(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "content",
-    [None, b"", b'{"schema": "narwhal.handoff", "schema_version": 1, "at": 17', b"\xff\xfe\x00garbage"],
-    ids=["missing", "empty", "truncated", "bad-utf8"],
+    ("content", "kind", "reason"),
+    [
+        (None, "missing", "no handoff file"),
+        (b"", "empty", "handoff file empty: "),
+        (b"  \n", "empty", "handoff file empty: "),
+        (b'{"schema": "narwhal.handoff", "schema_version": 1, "at": 17', "torn", "handoff file torn: "),
+        (b"\xff\xfe\x00garbage", "not_utf8", "handoff file not UTF-8: "),
+    ],
+    ids=["missing", "empty", "blank", "truncated", "bad-utf8"],
 )
-def test_unusable_file_loads_as_none(tmp_path: Path, content: bytes | None) -> None:
+def test_unusable_file_is_reported_as_what_it_is(
+    tmp_path: Path, content: bytes | None, kind: str, reason: str
+) -> None:
     path = tmp_path / "state.json"
     if content is not None:
         path.write_bytes(content)
     assert statefile.load(path) is None
-    assert statefile.load_reason(path) == (None, "no handoff file")
+    found = statefile.read(path)
+    assert found.doc is None and found.kind == kind and found.reason.startswith(reason)
+    assert statefile.load_reason(path) == (None, found.reason)
+
+
+def test_symlinked_state_file_is_refused_not_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "passwd"
+    victim.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    state = tmp_path / "state" / "state.json"
+    state.parent.mkdir()
+    state.symlink_to(victim)
+    found = statefile.read(state)
+    assert found.kind == "symlink" and "symbolic link" in found.reason
+    with pytest.raises(OSError, match="symbolic link"):
+        statefile.write(state, validate(fixture("handoff_initial.json")))
+    assert victim.read_text() == "root:x:0:0:root:/root:/bin/bash\n" and state.is_symlink()
+    with pytest.raises(OSError, match="symbolic link"):
+        statefile.write_bytes(state.with_name("state.json.rejected"), b"x") if (
+            state.with_name("state.json.rejected").symlink_to(victim) is None
+        ) else None
+    assert victim.read_text().startswith("root:") and sorted(p.name for p in outside.iterdir()) == ["passwd"]
+    assert sorted(p.name for p in state.parent.iterdir()) == ["state.json", "state.json.rejected"]
 
 
 def test_parseable_but_invalid_file_raises(tmp_path: Path) -> None:
@@ -80,6 +111,6 @@ def test_built_document_survives_the_file(tmp_path: Path) -> None:
     c = core()
     c.counters.finish("served")
     path = tmp_path / "state.json"
-    statefile.write(path, transfer.build(c))
+    statefile.write(path, handover(c).build())
     loaded = statefile.load(path)
     assert loaded is not None and loaded.counters["served"] == 1

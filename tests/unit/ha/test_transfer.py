@@ -10,11 +10,10 @@ from hypothesis import strategies as st
 
 from router.clock import FakeClock
 from router.counters import HANDOFF_COUNTERS, REASON_OUTCOMES
-from router.ha import transfer
 from router.ha.demand_risk import RISK_KINDS
 from router.ha.handoff import Handoff, validate
 from router.lifecycle.models import LIFECYCLE_STATES
-from tests.unit.ha.helpers import core, fixture, fleet, machine
+from tests.unit.ha.helpers import core, fixture, fleet, handover, machine
 
 IDS = ["e0", "e1", "e2"]
 
@@ -29,7 +28,7 @@ def _state(c: Any) -> tuple[Any, ...]:
         {k: set(v) for k, v in s.inference_suspects.items()},
         c.counters.snapshot(),
         c.counters.outcome_reasons(),
-        machine(c).snapshot().model_dump() if "lifecycle" in c.extras else None,
+        machine(c).snapshot().model_dump() if c.lifecycle is not None else None,
         c.demand_risk.snapshot(),
     )
 
@@ -45,7 +44,7 @@ def test_apply_restores_roles_counters_ejections_suspects_and_holds() -> None:
     raw = fixture("handoff_after_resume.json")  # e0 decode, e1 prefill, e2 drained, served 20
     raw["ejected"] = ["e1"]
     raw["inference_sources"] = {"e0": ["", "e1"]}
-    ok, why = transfer.apply(c, validate(raw))
+    ok, why = handover(c).apply(validate(raw))
     assert ok, why
     assert why.startswith("handoff applied: gap ") and "3 roles, 1 ejected; counters served=20" in why
     roles = c.scheduler.roles()
@@ -62,7 +61,7 @@ def test_apply_restores_roles_counters_ejections_suspects_and_holds() -> None:
 
 def test_covered_suspect_is_ejected_and_probe_is_due_at_once() -> None:
     c = core()
-    ok, _ = transfer.apply(c, _doc(inference_sources={"e1": ["e0"]}))
+    ok, _ = handover(c).apply(_doc(inference_sources={"e1": ["e0"]}))
     assert ok
     assert c.scheduler.ejected.get("e1") == "inference_probe"  # e2 still covers decode
 
@@ -70,7 +69,7 @@ def test_covered_suspect_is_ejected_and_probe_is_due_at_once() -> None:
 def test_outcome_reason_shortfall_is_unclassified() -> None:
     c = core()
     counters = dict.fromkeys(HANDOFF_COUNTERS, 0) | {"failed": 5}
-    ok, _ = transfer.apply(c, _doc(counters=counters, outcome_reasons={"failed": {"engine_timeout": 2}}))
+    ok, _ = handover(c).apply(_doc(counters=counters, outcome_reasons={"failed": {"engine_timeout": 2}}))
     assert ok
     assert c.counters.outcome_reasons()["failed"] == {"engine_timeout": 2, "unclassified": 3}
 
@@ -79,7 +78,7 @@ def test_validating_record_is_restored_blocked() -> None:
     c = core()
     raw = fixture("handoff_after_resume.json")
     raw["lifecycle"]["records"][2]["state"] = "validating"
-    ok, _ = transfer.apply(c, validate(raw))
+    ok, _ = handover(c).apply(validate(raw))
     assert ok
     rec = machine(c).records["e2"]
     assert (
@@ -91,21 +90,21 @@ def test_demand_risk_is_reanchored_and_counts_added() -> None:
     c = core(clock=FakeClock(monotonic=50_000.0))
     c.demand_risk.record("first_token_timeout")
     c.clock.advance(1.0)  # type: ignore[attr-defined]
-    ok, _ = transfer.apply(c, _doc())  # p_to_d_recovery, age 117.73 s, 1 event
+    ok, _ = handover(c).apply(_doc())  # p_to_d_recovery, age 117.73 s, 1 event
     assert ok
     snap = c.demand_risk.snapshot()
     assert snap is not None
     assert snap.kind == "first_token_timeout"  # ours (1 s old) is the latest
     assert snap.events == {"first_token_timeout": 1, "p_to_d_recovery": 1}
     fresh = core()
-    assert transfer.apply(fresh, _doc())[0]
+    assert handover(fresh).apply(_doc())[0]
     risk = fresh.demand_risk.snapshot()
     assert risk is not None and risk.kind == "p_to_d_recovery" and abs(risk.age_s - 117.73437819499998) < 1e-6
 
 
 def _refused(c: Any, doc: Handoff | None) -> str:
     before = copy.deepcopy(_state(c))
-    ok, why = transfer.apply(c, doc)
+    ok, why = handover(c).apply(doc)
     assert not ok
     assert _state(c) == before, "a refused handoff must leave the router untouched"
     return why
@@ -138,7 +137,7 @@ def test_contracted_identity_gap_is_excused_for_ejected_or_held_engines() -> Non
     raw = fixture("handoff_initial.json")
     del raw["lifecycle"]["process_starts"]["e1"]
     raw["ejected"] = ["e1"]
-    assert transfer.apply(core(fleet(contract=True)), validate(raw))[0]
+    assert handover(core(fleet(contract=True))).apply(validate(raw))[0]
 
 
 def test_incoherent_lifecycle_is_refused_before_anything_changes() -> None:
@@ -155,7 +154,7 @@ def test_foreign_model_is_refused() -> None:
 
 def test_without_a_lifecycle_object_holds_still_survive() -> None:
     c = core(lifecycle=False)
-    assert transfer.apply(c, _doc())[0]
+    assert handover(c).apply(_doc())[0]
     assert c.scheduler.draining == {"e2"}
 
 
@@ -242,9 +241,9 @@ def _comparable(doc: Handoff) -> dict[str, Any]:
 def test_build_validate_apply_build_round_trips(raw: dict[str, Any]) -> None:
     original = validate(raw)
     first = core()
-    ok, why = transfer.apply(first, original)
+    ok, why = handover(first).apply(original)
     assert ok, why
-    built = transfer.build(first)
+    built = handover(first).build()
     # what the receiver publishes is what it was given (validating records come back blocked)
     assert built.roles == original.roles and built.ejected == original.ejected
     assert built.counters == original.counters
@@ -266,5 +265,5 @@ def test_build_validate_apply_build_round_trips(raw: dict[str, Any]) -> None:
         assert built.demand_risk.events == {k: n for k, n in sorted(original.demand_risk.events.items())}
     # and a second hop changes nothing at all
     second = core()
-    assert transfer.apply(second, validate(built.dump()))[0]
-    assert _comparable(transfer.build(second)) == _comparable(built)
+    assert handover(second).apply(validate(built.dump()))[0]
+    assert _comparable(handover(second).build()) == _comparable(built)

@@ -50,7 +50,7 @@ def events(core: RouterCore, name: str) -> list[dict[str, Any]]:
 async def test_degraded_after_limit_consecutive_failing_passes_and_recovers_after_a_clean_pass() -> None:
     core, monitor, _ = setup(limit=3)
     stage = Stage(failing=True)
-    core.extras["monitor_stages"].append(("probe", stage))
+    monitor.add_stage("probe", stage)
     for _ in range(2):
         await monitor.pass_once()
     assert core.monitoring_degraded == "" and core.ready()
@@ -79,7 +79,7 @@ async def test_degraded_after_limit_consecutive_failing_passes_and_recovers_afte
 async def test_a_clean_pass_resets_the_streak() -> None:
     core, monitor, _ = setup(limit=2)
     stage = Stage(failing=True)
-    core.extras["monitor_stages"].append(("probe", stage))
+    monitor.add_stage("probe", stage)
     await monitor.pass_once()
     stage.failing = False
     await monitor.pass_once()
@@ -99,7 +99,7 @@ async def test_a_failing_stage_does_not_stop_the_others() -> None:
 
     monitor.liveness_sweep = broken_liveness  # type: ignore[method-assign]
     later = Stage()
-    core.extras["monitor_stages"].append(("later", later))
+    monitor.add_stage("later", later)
     await monitor.pass_once()
     assert later.calls == 1  # ran after the failing liveness stage
     assert core.identities_ready  # the identity stage ran before it
@@ -111,7 +111,8 @@ async def test_a_failing_stage_does_not_stop_the_others() -> None:
 async def test_reason_names_the_first_failing_stage_of_the_latest_pass() -> None:
     core, monitor, _ = setup(limit=1)
     first, second = Stage(failing=True), Stage(failing=True)
-    core.extras["monitor_stages"] += [("first", first), ("second", second)]
+    monitor.add_stage("first", first)
+    monitor.add_stage("second", second)
     await monitor.pass_once()
     assert core.monitoring_degraded == "first Boom"
     first.failing = False
@@ -123,7 +124,7 @@ async def test_reason_names_the_first_failing_stage_of_the_latest_pass() -> None
 async def test_a_whole_wave_hold_runs_registered_stages_but_only_a_full_pass_clears() -> None:
     core, monitor, _ = setup(limit=1)
     stage = Stage(failing=True)
-    core.extras["monitor_stages"].append(("handoff", stage))
+    monitor.add_stage("handoff", stage)
     await monitor.pass_once()
     assert core.monitoring_degraded == "handoff Boom"
     core.scheduler.fleet_hold = "whole-wave drain wave-1"
@@ -140,27 +141,31 @@ async def test_a_whole_wave_hold_runs_registered_stages_but_only_a_full_pass_cle
 async def test_not_controlling_skips_the_pass_entirely() -> None:
     core, monitor, _ = setup(limit=1)
     stage = Stage(failing=True)
-    core.extras["monitor_stages"].append(("probe", stage))
+    monitor.add_stage("probe", stage)
     core.control.standby = True
     await monitor.pass_once()
     assert stage.calls == 0 and core.monitoring_degraded == ""
 
 
-async def test_handoff_write_is_a_monitor_stage(tmp_path: Path) -> None:
+async def test_handoff_write_is_a_monitor_stage_that_degrades_control_not_serving(tmp_path: Path) -> None:
     core, monitor, _ = setup(limit=2)
     (tmp_path / "not-a-dir").write_text("")
     bad = tmp_path / "not-a-dir" / "state.json"  # unwritable: its parent is a file
-    ha = HAService(core, HARuntime(state_path=str(bad)))
+    ha = HAService(core, HARuntime(state_path=str(bad)), lifecycle=monitor.service, monitor=monitor)
     await ha.start()
     try:
-        assert ha.monitored and ("handoff", ha.write_handoff) in core.extras["monitor_stages"]
+        assert ha.monitored and ("handoff", ha.write_handoff) in monitor.stages
         assert ha._tasks == []  # no writer loop of its own: the monitor pass writes
         await monitor.pass_once()
         await monitor.pass_once()
-        assert core.monitoring_degraded.startswith("handoff ") and ha.persist_failures == 2
-        ha.settings = HARuntime(state_path=str(tmp_path / "state.json"))
+        assert ha.persist_failures == 2 and core.monitoring_degraded == ""  # serving goes on
+        assert core.persist_degraded.startswith(f"state not persisted: state file {bad} not written: ")
+        assert core.ready() and core.prefill_hold_reason() == ""
+        assert "narwhal_persist_failures_total 2" in list(ha.metric_lines())
+        ha.persister.state_path = tmp_path / "state.json"
         await monitor.pass_once()
-        assert core.monitoring_degraded == "" and (tmp_path / "state.json").exists()
+        assert core.persist_degraded == "" and (tmp_path / "state.json").exists()
+        assert "narwhal_persist_degraded 0" in list(ha.metric_lines())
     finally:
         await ha.stop()
 

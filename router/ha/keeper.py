@@ -1,0 +1,138 @@
+"""Keeping the lease: claim at start, renewal with retries, re-claim after a local error (spec §3.3).
+
+The peer fences a router for good at its first failed renewal, whatever the cause. Here only a
+*real* loss is final (the record names another holder or epoch): an error reaching the store
+(EMFILE, EINTR, a slow or full disk) is retried while the lease is still locally valid, and a
+router that lost the lease only because of such an error claims it again once the error clears
+(epoch above every epoch seen; a newer handoff written by someone else meanwhile is applied first).
+A damaged lease record is waited out (it may still be a live holder's) and then claimed above every
+epoch seen; the holder itself rewrites a damaged or vanished record at its next renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from router.ha.control import ControlState
+from router.ha.lease import Lease, LeaseError
+
+log = logging.getLogger("narwhal.ha")
+RENEWAL_FAILED = "lease renewal failed"
+HELD_ELSEWHERE = "lease held by another router"
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        lease: Lease,
+        control: ControlState,
+        renew_interval_s: float,
+        epoch_floor: Callable[[], Awaitable[int]],
+        on_claimed: Callable[[int], Awaitable[str]],
+    ) -> None:
+        self.lease = lease
+        self.control = control
+        self.interval_s = renew_interval_s
+        self.retry_s = max(0.01, renew_interval_s / 4)
+        self.epoch_floor = epoch_floor  # highest epoch in the handoff documents we can read
+        # after a (re)claim: (epoch we held before, 0 at start) -> "" or why control must not resume
+        self.on_claimed = on_claimed
+        self.renewal_errors = 0
+        self.reclaims = 0
+        self._recovered_logged = ""
+
+    async def _floor(self) -> int:
+        try:
+            return await self.epoch_floor()
+        except Exception as exc:  # unreadable documents: the lease's own memory still counts
+            log.warning("cannot read handoff epochs before claiming: %s", exc)
+            return 0
+
+    async def _claim(self) -> bool | None:
+        """True claimed, False held by another live holder, None not yet (error or damage)."""
+        floor = await self._floor()
+        try:
+            claimed = await asyncio.to_thread(self.lease.claim, floor)
+        except LeaseError as exc:
+            self.control.failover_blocked = f"lease unavailable: {exc}"
+            return None
+        if claimed:
+            self._note_recovery()
+            return True
+        if self.lease.problem:
+            self.control.failover_blocked = (
+                f"lease record damaged, waiting for its holder: {self.lease.problem}"
+            )
+            return None
+        return False
+
+    async def claim_at_start(self) -> bool | None:
+        """The first claim. None: not yet — the caller runs ``claim_until_held`` in the background."""
+        result = await self._claim()
+        if result is False:
+            self._fence(HELD_ELSEWHERE)
+        elif result is None:
+            self.control.standby = True  # not controlling until the claim goes through
+            log.error("lease not claimed yet: %s (retrying)", self.control.failover_blocked)
+        return result
+
+    async def claim_until_held(self, previous_epoch: int) -> bool:
+        """Retry the claim until it succeeds (True) or another holder owns the lease (False)."""
+        while True:
+            await asyncio.sleep(self.retry_s)
+            result = await self._claim()
+            if result is False:
+                self._fence(HELD_ELSEWHERE)
+                return False
+            if result:
+                why = await self.on_claimed(previous_epoch)
+                if why:
+                    self._fence(why)
+                    return False
+                self.control.take_control(self.lease)
+                log.warning("lease claimed again: epoch %d", self.lease.epoch)
+                return True
+
+    def _fence(self, reason: str) -> None:
+        self.control.fence(reason)
+        log.error("router fenced: %s", reason)
+
+    def _note_recovery(self) -> None:
+        note = self.lease.recovered
+        if note and note != self._recovered_logged:
+            self._recovered_logged = note
+            log.error("lease record recovered: %s", note)
+
+    async def renew_forever(self) -> None:
+        """Renew every interval; errors are retried within validity; a local loss re-claims."""
+        lease = self.lease
+        delay = self.interval_s
+        while lease.owned:
+            await asyncio.sleep(delay)
+            if not lease.owned:
+                return
+            try:
+                renewed = await asyncio.to_thread(lease.renew)
+            except LeaseError as exc:
+                self.renewal_errors += 1
+                if lease.valid():
+                    log.warning("lease renewal error (retrying within validity): %s", exc)
+                    delay = self.retry_s
+                    continue
+                epoch = lease.epoch
+                self.control.failover_blocked = f"lease renewal failing: {exc}"
+                log.error("lost the lease to a local error (epoch %d): %s; claiming again", epoch, exc)
+                lease.owned = False
+                self.reclaims += 1
+                if await self.claim_until_held(epoch):
+                    delay = self.interval_s
+                    continue
+                return
+            if not renewed:
+                self._fence(RENEWAL_FAILED)
+                log.error("router fenced: lease renewal failed for epoch %d", lease.epoch)
+                return
+            self._note_recovery()
+            delay = self.interval_s

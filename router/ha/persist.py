@@ -1,0 +1,141 @@
+"""Acknowledged means durable: the seam every lifecycle answer waits on.
+
+A lifecycle mutation answers 200 only after ``Persister.persist`` returned: the holder's handoff
+is then where a successor finds it. Two places, in this order:
+
+1. the **shared** handoff (``HandoffStore``): with the file lease, ``<lease_path>.handoff.json``
+   beside the lease (``FileHandoffStore``); another lease backend (etcd) provides its own store
+   with a fenced write. This write decides the answer: it failing raises ``PersistError``.
+2. the router's own **local** state file (``recovery.state_path``, what ``--resume`` reads). Without
+   a lease it is the only place, so it decides the answer; with a lease its failure is counted and
+   reported (control degraded) but the state is already durable in the shared store.
+
+Every blocking write runs in a worker thread (``asyncio.to_thread``): fsync never stalls serving.
+Writes are serialised by one lock and each builds its document inside it, so an older snapshot
+never lands after a newer one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from router.ha import statefile
+from router.ha.handoff import Handoff
+
+log = logging.getLogger("narwhal.ha.persist")
+
+
+class PersistError(RuntimeError):
+    """The state could not be made durable where a successor reads it; the message says why."""
+
+
+@runtime_checkable
+class HandoffStore(Protocol):
+    """The shared copy of the holder's handoff (what a standby or a resuming router reads)."""
+
+    def describe(self) -> str:
+        """Where the document lives, for messages (``/ready``, logs)."""
+        ...
+
+    async def write(self, doc: Handoff) -> None:
+        """Durably store ``doc`` (fenced to the writer's lease where the backend can); raises
+        ``PersistError`` (or ``OSError``) when it is not stored."""
+        ...
+
+    async def read(self) -> statefile.StateRead:
+        """The stored document, or why there is none (never raises for a bad document)."""
+        ...
+
+
+class FileHandoffStore:
+    """``<lease_path>.handoff.json``: atomic no-follow write + fsync of file and directory."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def describe(self) -> str:
+        return str(self.path)
+
+    async def write(self, doc: Handoff) -> None:
+        await asyncio.to_thread(statefile.write, self.path, doc)
+
+    async def read(self) -> statefile.StateRead:
+        return await asyncio.to_thread(statefile.read, self.path)
+
+
+def describe_error(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f" {exc.filename}" if exc.filename else ""
+        return f"[Errno {exc.errno}] {exc.strerror}{where}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Persister:
+    """Writes the live handoff (shared store first, then the local state file) and keeps the
+    control plane's persistence verdict: ``degraded`` is "" or why the last write failed."""
+
+    def __init__(
+        self,
+        build: Callable[[], Handoff],
+        state_path: str | Path,
+        shared: HandoffStore | None,
+        on_change: Callable[[str], None] | None = None,
+    ) -> None:
+        self.build = build
+        self.state_path = Path(state_path)
+        self.shared = shared
+        self.on_change = on_change  # called with the new degraded reason ("" = recovered)
+        self.failures = 0
+        self.degraded = ""
+        self.lock = asyncio.Lock()
+
+    def _set(self, reason: str) -> None:
+        if reason == self.degraded:
+            return
+        if reason:
+            log.error("control plane degraded: %s", reason)
+        else:
+            log.info("state persisted again (was: %s)", self.degraded)
+        self.degraded = reason
+        if self.on_change is not None:
+            self.on_change(reason)
+
+    async def persist(self) -> Handoff:
+        """Make the current state durable; raises ``PersistError`` naming where and why not."""
+        async with self.lock:
+            return await self._persist_locked()
+
+    async def _persist_locked(self) -> Handoff:
+        try:
+            doc = self.build()
+        except ValueError as exc:  # our own state fails validation: nothing can be written
+            self.failures += 1
+            reason = f"state not persisted: handoff invalid: {exc}"
+            self._set(reason)
+            raise PersistError(reason) from None
+        if self.shared is not None:
+            try:
+                await self.shared.write(doc)
+            except (OSError, PersistError) as exc:
+                self.failures += 1
+                reason = (
+                    f"state not persisted: shared handoff {self.shared.describe()}: {describe_error(exc)}"
+                )
+                self._set(reason)
+                raise PersistError(reason) from None
+        try:
+            await asyncio.to_thread(statefile.write, self.state_path, doc)
+        except OSError as exc:
+            self.failures += 1
+            reason = f"state file {self.state_path} not written: {describe_error(exc)}"
+            self._set(reason if self.shared is not None else f"state not persisted: {reason}")
+            if self.shared is None:
+                raise PersistError(self.degraded) from None
+            log.warning("%s (the shared handoff holds the state)", reason)
+            return doc
+        self._set("")
+        return doc
