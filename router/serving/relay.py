@@ -104,7 +104,7 @@ def relay_chunk(payload: bytes, st: StreamState, want_ids: bool) -> tuple[bytes,
         return process_chunk(payload, st, want_ids, False)
     start = i + 14
     end = payload.find(b"]", start)
-    if end == -1 or payload.find(_ANY_TIDS, end) != -1 or payload.count(b'"index":', 0, i) != 1:
+    if end == -1 or payload.find(_ANY_TIDS, end) != -1 or payload.count(b'"index":') != 1:
         return process_chunk(payload, st, want_ids, False)
     ids = payload[start:end]
     if ids.isdigit():  # the usual stream_interval=1 chunk: one token
