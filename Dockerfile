@@ -1,7 +1,10 @@
-# Narwhal image: router (narwhal-serve), Temporal worker and CLI (narwhal-worker, narwhal-restart),
-# local supervisor and engine simulator (narwhal-supervisor, narwhal-engine-sim).
-# Build: docker build -t narwhal:latest .      Deployment: docker-compose.yml, docs/deployment.md
-FROM python:3.11-slim
+# Narwhal images. Two targets over one base:
+#   router (default): narwhal-serve, narwhal-supervisor, narwhal-engine-sim — the runtime
+#                     dependencies plus the [otel] extra (OTLP export); no Temporal packages.
+#   worker:           narwhal-worker, narwhal-restart — adds the Temporal client ([worker] extra).
+# Build: docker build -t narwhal:latest .   docker build --target worker -t narwhal-worker:latest .
+# Deployment: docker-compose.yml, docs/deployment.md
+FROM python:3.11-slim AS base
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -15,8 +18,7 @@ COPY workflows ./workflows
 COPY activities ./activities
 COPY fleet ./fleet
 
-RUN pip install . \
- && groupadd --system --gid 10001 narwhal \
+RUN groupadd --system --gid 10001 narwhal \
  && useradd --system --uid 10001 --gid narwhal --home-dir /var/lib/narwhal --shell /usr/sbin/nologin narwhal \
  && mkdir -p /config /shared /var/lib/narwhal \
  && chown narwhal:narwhal /shared /var/lib/narwhal
@@ -24,10 +26,15 @@ RUN pip install . \
 # /config: fleet and supervisor files (mounted read-only); /shared: the lease domain both routers
 # must see (one filesystem with flock); /var/lib/narwhal: handoff state file and request journal.
 VOLUME ["/shared", "/var/lib/narwhal"]
-USER narwhal
 WORKDIR /var/lib/narwhal
+CMD ["narwhal-serve", "--help"]
 
+FROM base AS worker
+RUN pip install '/opt/narwhal[worker,otel]'
+USER narwhal
+
+FROM base AS router
+RUN pip install '/opt/narwhal[otel]'
+USER narwhal
 # 8000 router (clients + /narwhal control API), 8900 local supervisor, 9001-9004 simulated engines
 EXPOSE 8000 8900 9001 9002 9003 9004
-
-CMD ["narwhal-serve", "--help"]

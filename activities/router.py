@@ -1,7 +1,8 @@
 """Lifecycle API client + activities (spec §4–§6, runbooks §13).
 
 - One ``httpx.AsyncClient`` per worker, injected (tests pass an ``httpx.MockTransport``).
-- Follows the lease holder: the HA pair's URLs are all configured; a router that answers 503
+- Follows the lease holder: the HA pair's URLs are all configured (an active-active replica's
+  document also names the holder's control URL in ``replicas.holder_url``: any one replica will do); a router that answers 503
   "this router does not control the fleet" (or "router control was fenced …"), or does not answer
   at all, is skipped, and the holder is the one whose ``/narwhal/lifecycle`` says
   ``router.controls_fleet: true``. No holder → retryable ``RouterUnavailable``.
@@ -77,6 +78,13 @@ def parse_lifecycle(doc: Mapping[str, Any], router_url: str = "") -> FleetView:
     )
 
 
+def holder_hint(body: Any) -> str:
+    """An active-active replica's lifecycle document names the lease holder's control URL."""
+    replicas = body.get("replicas") if isinstance(body, dict) else None
+    url = replicas.get("holder_url") if isinstance(replicas, dict) else None
+    return url.rstrip("/") if isinstance(url, str) and url.startswith(("http://", "https://")) else ""
+
+
 def _error_of(body: Any) -> str:
     return str(body.get("error", "")) if isinstance(body, dict) else ""
 
@@ -121,7 +129,8 @@ class LifecycleClient:
     async def find_holder(self, ref: RouterRef) -> FleetView:
         """The lifecycle view of the router that controls the fleet (cached holder tried first)."""
         seen: list[str] = []
-        for url in self._order(ref):
+        order = self._order(ref)
+        for url in order:  # grows by the holder URL an active-active replica names
             try:
                 status, body = await self._request(ref, "GET", f"{url}/narwhal/lifecycle")
             except httpx.HTTPError as exc:
@@ -135,6 +144,9 @@ class LifecycleClient:
                 self._holder[tuple(ref.routers)] = url
                 return view
             seen.append(f"{url}: does not control the fleet")
+            hint = holder_hint(body)
+            if hint and hint not in order:
+                order.append(hint)
         self._holder.pop(tuple(ref.routers), None)
         raise errors.router_unavailable("no router controls the fleet (" + "; ".join(seen) + ")")
 

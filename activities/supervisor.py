@@ -15,7 +15,6 @@ Backends, chosen per workflow by ``SupervisorRef.backend``:
 from __future__ import annotations
 
 import asyncio
-import re
 import shlex
 
 import httpx
@@ -24,21 +23,13 @@ from temporalio.exceptions import ApplicationError
 
 from activities import errors
 from activities.heartbeat import heartbeating
+from router.engines.identity import newer_process, process_start_or_none, same_process
 from workflows.models import EngineTarget, NewProcess, RestartOutcome, StartEngineRequest, SupervisorRef
-
-_START_RE = re.compile(r"^process_start_time_seconds(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
-SAME_PROCESS_TOLERANCE = 1e-6
 
 
 def parse_process_start(metrics_text: str) -> float | None:
-    m = _START_RE.search(metrics_text)
-    if not m:
-        return None
-    try:
-        value = float(m.group(1))
-    except ValueError:
-        return None
-    return value if value > 0 else None
+    """``process_start_time_seconds`` via the shared parser (None when missing or unusable)."""
+    return process_start_or_none(metrics_text)
 
 
 def render_command(template: str, iid: str, url: str) -> str:
@@ -81,7 +72,7 @@ class SupervisorActivities:
         live = await self.live_process_start(url)
         if live is None:
             raise errors.not_ready_yet(f"{target.iid}: process start unreadable at {url or '(no url)'}")
-        if live <= target.old_process_start:
+        if not newer_process(live, target.old_process_start):
             raise errors.not_ready_yet(f"{target.iid} still runs the drained process (start {live})")
         return NewProcess(iid=target.iid, process_start=live)
 
@@ -141,7 +132,7 @@ class SupervisorActivities:
         details = activity.info().heartbeat_details
         issued = bool(details and isinstance(details[0], dict) and details[0].get("command_issued"))
         live = await self.live_process_start(url)
-        if live is not None and abs(live - target.old_process_start) > SAME_PROCESS_TOLERANCE:
+        if live is not None and not same_process(live, target.old_process_start):
             return RestartOutcome(iid=target.iid, restarted=False, note="engine already runs another process")
         if live is None and issued:
             raise errors.not_ready_yet(f"{target.iid}: restart command issued, engine not answering yet")

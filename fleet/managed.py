@@ -6,9 +6,7 @@ import asyncio
 import contextlib
 import ctypes
 import logging
-import math
 import os
-import re
 import signal
 import time
 from typing import Any
@@ -16,9 +14,10 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
 
+from router.engines.identity import process_start_or_none, same_process
+
 log = logging.getLogger("narwhal.supervisor")
 
-_START_RE = re.compile(r"^process_start_time_seconds(?:\{[^}]*\})?\s+(\S+)\s*$", re.MULTILINE)
 _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 _POLL_S = 0.05
 _PR_SET_PDEATHSIG = 1
@@ -46,14 +45,7 @@ class EngineStartError(RuntimeError):
 
 
 def parse_process_start(metrics_text: str) -> float | None:
-    m = _START_RE.search(metrics_text)
-    if m is None:
-        return None
-    try:
-        value = float(m.group(1))
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value > 0 else None
+    return process_start_or_none(metrics_text)
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -130,7 +122,7 @@ class ManagedEngine:
                 raise EngineStartError(f"engine {self.entry.iid} exited with code {code} during startup")
             if await self._healthy():
                 start = await self.process_start()
-                if start is not None and start != old_start:
+                if start is not None and not same_process(start, old_start):
                     return start
             await asyncio.sleep(_POLL_S)
         raise EngineStartError(f"engine {self.entry.iid} not healthy after {self.cfg.health_timeout_s}s")
@@ -176,7 +168,7 @@ class ManagedEngine:
             old_pid = self.pid if self.running else None
             old_start = await self.identity()
             if if_process_start is not None and (
-                old_start is None or abs(old_start - if_process_start) > 1e-6
+                old_start is None or not same_process(old_start, if_process_start)
             ):
                 return {
                     "iid": self.entry.iid,

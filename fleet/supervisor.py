@@ -23,6 +23,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from fleet.managed import EngineStartError, ManagedEngine, SupervisorConfig
+from router.logs import setup_logging
 
 log = logging.getLogger("narwhal.supervisor")
 
@@ -145,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=8900)
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging(a.log_level)  # engine health polls (httpx) only at debug
     try:
         cfg = load_config(a.config)
     except (OSError, ValueError, ValidationError) as exc:

@@ -37,6 +37,7 @@ from router.listeners import install_listener_split
 from router.metrics import MetricsRenderer, ServingStats
 from router.ops import Ops
 from router.probes import Prober
+from router.replicas import wiring as replica_wiring
 from router.serving.handler import Serving
 
 
@@ -63,6 +64,11 @@ class RouterOptions:
     standby_probe_interval: float | None = None
     standby_takeover_after: int | None = None
     standby_max_handoff_age: float | None = None
+    # active-active (router/replicas/settings.py; None = fleet file ``ha`` value)
+    ha_mode: str | None = None
+    replica_ttl: float | None = None
+    replica_safety_margin: float | None = None
+    advertise_url: str | None = None
     # control listener (router/listeners.py; None = fleet file ``control.host`` / ``control.port``)
     control_host: str | None = None
     control_port: int | None = None
@@ -121,6 +127,7 @@ class Router:
     monitor: LifecycleMonitor
     ha: HAService
     context: ContextLimits
+    replicas: list[Component] = field(default_factory=list)  # active-active (router/replicas), or none
     app: web.Application = field(init=False)  # built from ``components()`` by ``assemble``
 
     def components(self) -> list[Component]:
@@ -134,6 +141,7 @@ class Router:
             self.lifecycle,  # /narwhal/lifecycle (router/lifecycle)
             self.monitor,  # identity / liveness / readmission / handoff stages
             self.ha,  # lease, handoff, state file, standby (router/ha)
+            *self.replicas,  # every replica serves, the lease holder controls (router/replicas)
         ]
 
 
@@ -156,7 +164,9 @@ def assemble(config: FleetConfig, options: RouterOptions | None = None, clock: C
     )
     life.service.persist_hooks.append(ha.persist)  # the state file follows every lifecycle change
     parts.metrics.extra_metric_sources.append(ha.metric_lines)
-    router = Router(core, options, parts, life.service, life.monitor, ha, ContextLimits(core))
+    settings, endpoints = replica_wiring.settings_for(config, options, ha.settings)
+    replicas = replica_wiring.replica_components(core, life.service, settings, endpoints, parts.prober)
+    router = Router(core, options, parts, life.service, life.monitor, ha, ContextLimits(core), replicas)
     router.app = build_app(core, router.components(), client_max_size=config.serving.max_request_bytes)
     router.app[ROUTER_KEY] = router
     install_control_auth(router.app, config)  # lifecycle: /narwhal/* bearer token (control.token_env)

@@ -14,13 +14,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from router.engines.identity import same_process
+
 SCHEMA = "narwhal.attestation"
 SCHEMA_VERSION = 1
 REQUIRED_KEYS: frozenset[str] = frozenset(
     {"schema", "schema_version", "contract", "sources", "engine", "attestation_digest"}
 )
 LAUNCH_KEYS: frozenset[str] = frozenset({"launch", "launch_digest"})
-START_TOLERANCE_S = 1e-6
 
 
 class AttestedEngine(BaseModel):
@@ -156,6 +157,6 @@ def verify_attestation(
     if parsed.engine.version != live_version:
         failures.append(f"engine version {parsed.engine.version!r} differs from live {live_version!r}")
     start = parsed.engine.process_start_time_seconds
-    if not (math.isfinite(start) and abs(start - live_process_start) <= START_TOLERANCE_S):
+    if not (math.isfinite(start) and same_process(start, live_process_start)):
         failures.append(f"process start {start!r} differs from live {live_process_start!r}")
     return failures

@@ -192,7 +192,9 @@ class Breaker:
         self._event("engine_ejected", iid, cause=cause)
 
     def _event(self, event: str, iid: str, **fields: Any) -> None:
-        self.emit({"event": event, "at": self.clock.monotonic(), "iid": iid, **fields})
+        self.emit(
+            {"event": event, "at": self.clock.wall(), "iid": iid, **fields}
+        )  # wall time, like every event
 
 
 def _outcome(ok: bool | None) -> str:

@@ -23,6 +23,9 @@ from router import listeners, observability
 from router.assemble import RouterOptions, build_router
 from router.config import ConfigError, FleetConfig, load_fleet
 from router.ha import settings as ha_settings
+from router.logs import setup_logging
+from router.replicas import settings as replica_settings
+from router.replicas import wiring as replica_wiring
 
 log = logging.getLogger("narwhal.serve")
 
@@ -61,6 +64,7 @@ def _add_lifecycle_flags(p: argparse.ArgumentParser) -> None:
 def _add_ha_flags(p: argparse.ArgumentParser) -> None:
     """HA flags (--lease-path, --router-id, --lease-ttl, --standby-of, ...) go here."""
     ha_settings.add_arguments(p)
+    replica_settings.add_arguments(p)  # --ha-mode active-active (router/replicas)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,13 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = options_from_args(ns)
         options.validate()
         config = load_fleet(ns.fleet)
-        ha_settings.from_options(config, options, port=options.port)  # HA: merged settings usable?
+        runtime = ha_settings.from_options(config, options, port=options.port)  # HA: merged settings usable?
+        replica_wiring.settings_for(config, options, runtime)  # active-active needs the etcd backend
     except (ConfigError, ValueError) as exc:
         print(f"narwhal-serve: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(options.log_level)  # httpx per-request lines (standby polls) only at debug
     try:
         import uvloop
 

@@ -163,11 +163,56 @@ class HASettings(_Frozen):
     standby_probe_interval_s: float = 0.25
     standby_takeover_after: int = 4
     standby_max_handoff_age_s: float = 30.0
+    # active-active serving (router/replicas; docs/ha.md)
+    mode: Literal["active-passive", "active-active"] = Field(
+        default="active-passive",
+        description="`active-passive` (Narwhal 0.7.0: one serving router, a warm standby) or "
+        "`active-active` (every replica serves, the lease holder controls; needs the etcd backend) "
+        "(`--ha-mode`).",
+    )
+    replica_ttl_s: float = Field(
+        default=2.0,
+        description="Active-active: TTL of each replica's membership key (whole seconds, >= 2). A "
+        "killed replica stops counting for drains and `ready_to_stop` this long after its last "
+        "renewal (`--replica-ttl`).",
+    )
+    replica_safety_margin_s: float = Field(
+        default=0.5,
+        description="Active-active: a replica that cannot renew its key stops placing this long "
+        "before the key can expire (`--replica-safety-margin`).",
+    )
+    replica_ack_timeout_s: float = Field(
+        default=5.0,
+        description="Active-active: how long a drain waits for every live replica to apply it "
+        "before answering 503 (the hold stays; repeating the drain is the retry).",
+    )
+    advertise_url: str = Field(
+        default="",
+        description="Active-active: this replica's control URL as others reach it (`--advertise-url`; "
+        "default `http://<control host or host>:<control port or port>`).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> HASettings:
         check_lease_timing(self.lease_ttl_s, self.lease_renew_interval_s, self.lease_safety_margin_s)
+        check_replica_timing(self.replica_ttl_s, self.replica_safety_margin_s, self.replica_ack_timeout_s)
         return self
+
+
+def check_replica_timing(ttl: float, margin: float, ack_timeout: float) -> None:
+    for name, v in (
+        ("replica_ttl", ttl),
+        ("replica_safety_margin", margin),
+        ("replica_ack_timeout", ack_timeout),
+    ):
+        if not math.isfinite(v):
+            raise ValueError(f"{name} must be finite")
+    if ttl < 2 or ttl != int(ttl):
+        raise ValueError("replica_ttl must be a whole number of seconds >= 2 (an etcd lease TTL)")
+    if margin < 0 or margin >= ttl / 2:
+        raise ValueError("replica_safety_margin must be >= 0 and < replica_ttl / 2")
+    if ack_timeout <= 0:
+        raise ValueError("replica_ack_timeout must be positive")
 
 
 def check_lease_timing(ttl: float, renew: float, margin: float) -> None:

@@ -55,6 +55,8 @@ class RouterCore:
         return self.controls_fleet() and not self.monitoring_degraded
 
     def ready(self) -> bool:
+        if self.control.replica is not None:  # active-active: every replica that can place serves
+            return not self._replica_reason() and bool(self.scheduler.eligible())
         return (
             self.control_ready()
             and self.identities_ready
@@ -62,8 +64,24 @@ class RouterCore:
             and bool(self.scheduler.eligible())
         )
 
+    def _replica_reason(self) -> str:
+        """Active-active readiness: the replica gate, then the holds every replica follows."""
+        assert self.control.replica is not None
+        why = self.control.replica.placement_reason()
+        if why:
+            return why
+        if self.scheduler.fleet_hold:
+            return self.scheduler.fleet_hold
+        if self.controls_fleet() and self.monitoring_degraded:
+            return f"monitoring degraded: {self.monitoring_degraded}"
+        if not self.identities_ready:
+            return "engine identity validation pending"
+        return ""
+
     def ready_reason(self) -> str:
         """Why /ready is 503, in the peer's precedence order; "" when ready."""
+        if self.control.replica is not None:
+            return self._replica_reason() or ("" if self.scheduler.eligible() else "no available engines")
         if self.control.failover_blocked:
             return self.control.failover_blocked
         if self.scheduler.fleet_hold:
@@ -93,6 +111,11 @@ class RouterCore:
 
     def prefill_hold_reason(self) -> str:
         """Why a new prefill placement is refused right now ("" = allowed)."""
+        if self.control.replica is not None:
+            why = self.control.replica.placement_reason()
+            if why or not (self.controls_fleet() and self.monitoring_degraded):
+                return why
+            return f"monitoring degraded: {self.monitoring_degraded}"
         if not self.controls_fleet():
             return self.control.failover_blocked or (
                 "standby: the primary router is serving" if self.control.standby else "lease expired"

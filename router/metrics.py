@@ -1,14 +1,34 @@
-"""Prometheus text exposition (``narwhal.metrics`` v2): counters, gauges, latency histograms.
+"""Prometheus exposition (``narwhal.metrics`` v2) through ``prometheus_client``: counters, gauges,
+latency histograms.
 
-Extensible: append a ``Callable[[], Iterable[str]]`` to ``MetricsRenderer.extra_metric_sources``;
-each returns complete exposition lines (``# HELP``/``# TYPE`` included) and is called per scrape.
+The hot path never touches ``prometheus_client``: serving bumps plain integers on the event loop
+(``Counters``, ``ServingStats``, the breaker's tallies) and ``RouterCollector`` reads them into
+metric families per scrape, so there is no lock per request. ``prometheus_client`` writes the text
+(label values escaped, ``# HELP``/``# TYPE`` on every family).
+
+Extensible: append a ``MetricSource`` to ``MetricsRenderer.extra_metric_sources``; it is called per
+scrape and returns metric families (``prometheus_client.core.*MetricFamily``) or complete text
+exposition lines (``# HELP``/``# TYPE`` included), which are parsed with ``prometheus_client``'s
+parser and re-emitted.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+import logging
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from router.core import RouterCore
 from router.counters import EXPIRED_REASONS, FAILED_REASONS, REJECTED_REASONS
@@ -16,12 +36,17 @@ from router.counters import EXPIRED_REASONS, FAILED_REASONS, REJECTED_REASONS
 if TYPE_CHECKING:
     from router.breaker import Breaker
 
+log = logging.getLogger("narwhal.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 E2E_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
+MetricSource = Callable[[], Iterable[Metric | str]]
+
 
 class Histogram:
+    """A lock-free latency histogram (observed on the event loop, read per scrape)."""
+
     __slots__ = ("bounds", "buckets", "count", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
@@ -35,16 +60,18 @@ class Histogram:
         self.count += 1
         self.total += value
 
-    def render(self, name: str, help_: str) -> list[str]:
-        out = [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
+    def cumulative(self) -> list[tuple[str, float]]:
+        """``(le, cumulative count)`` per bucket, ``+Inf`` last."""
+        out: list[tuple[str, float]] = []
         acc = 0
         for bound, n in zip(self.bounds, self.buckets, strict=False):
             acc += n
-            out.append(f'{name}_bucket{{le="{bound}"}} {acc}')
-        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
-        out.append(f"{name}_sum {self.total}")
-        out.append(f"{name}_count {self.count}")
+            out.append((str(bound), acc))  # le="0.005", le="1.0": as before
+        out.append(("+Inf", self.count))
         return out
+
+    def family(self, name: str, help_: str) -> HistogramMetricFamily:
+        return HistogramMetricFamily(name, help_, buckets=self.cumulative(), sum_value=self.total)
 
 
 class ServingStats:
@@ -57,19 +84,142 @@ class ServingStats:
         self.queued = 0  # requests waiting in the admission queue (serving.queue_capacity)
 
 
-def _esc(v: str) -> str:
-    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def gauge(name: str, help_: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_, value=value)
 
 
-def _family(name: str, kind: str, help_: str) -> list[str]:
-    return [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+def labelled(
+    kind: type[GaugeMetricFamily] | type[CounterMetricFamily],
+    name: str,
+    help_: str,
+    labels: list[str],
+    rows: Iterable[tuple[list[str], float]],
+) -> GaugeMetricFamily | CounterMetricFamily:
+    family = kind(name, help_, labels=labels)
+    for values, value in rows:
+        family.add_metric(values, value)
+    return family
 
 
-def _reasoned(name: str, help_: str, known: Iterable[str], seen: dict[str, int]) -> list[str]:
-    out = _family(name, "counter", help_)
+def _reasoned(name: str, help_: str, known: Iterable[str], seen: dict[str, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, help_, labels=["reason"])
     for reason in sorted(set(known) | set(seen)):
-        out.append(f'{name}{{reason="{_esc(reason)}"}} {seen.get(reason, 0)}')
-    return out
+        family.add_metric([reason], seen.get(reason, 0))
+    return family
+
+
+def families_from_text(lines: Iterable[str]) -> Iterator[Metric]:
+    """Text exposition lines → families (``prometheus_client``'s parser)."""
+    yield from text_string_to_metric_families("\n".join(lines) + "\n")
+
+
+class RouterCollector(Collector):
+    """Reads the router's counters into metric families at scrape time."""
+
+    def __init__(self, renderer: MetricsRenderer) -> None:
+        self.renderer = renderer
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.renderer
+        core, stats = r.core, r.stats
+        c = core.counters.values
+        reasons = core.counters.reasons
+        yield InfoMetricFamily(
+            "narwhal_contract", "Metrics contract served here.", value={"contract": "metrics", "version": "2"}
+        )
+        for key in ("offered", "served", "cancelled", "invalid_requests", "unserved", "slo_met"):
+            yield CounterMetricFamily(f"narwhal_{key}_total", f"Requests counted as {key}.", value=c[key])
+        yield _reasoned(
+            "narwhal_failed_total", "Failed requests by reason.", FAILED_REASONS, reasons["failed"]
+        )
+        yield _reasoned(
+            "narwhal_rejected_total", "Rejected requests by reason.", REJECTED_REASONS, reasons["rejected"]
+        )
+        yield _reasoned(
+            "narwhal_expired_total", "Expired requests by reason.", EXPIRED_REASONS, reasons["expired"]
+        )
+        yield gauge("narwhal_inflight_requests", "Requests holding an in-flight seat.", stats.inflight)
+        yield gauge("narwhal_queued_requests", "Requests waiting for an in-flight seat.", stats.queued)
+        yield gauge("narwhal_router_ready", "1 when /ready answers 200.", int(core.ready()))
+        yield gauge(
+            "narwhal_router_lease_epoch", "Current lease epoch (0 without a lease).", core.control.epoch
+        )
+        yield from self._engines()
+        yield stats.ttft.family("narwhal_ttft_seconds", "Time to first token of served requests.")
+        yield stats.e2e.family("narwhal_e2e_seconds", "End-to-end duration of served requests.")
+        for source in r.extra_metric_sources:
+            items = list(source())
+            lines = [i for i in items if isinstance(i, str)]
+            yield from (i for i in items if not isinstance(i, str))
+            if lines:
+                yield from families_from_text(lines)
+
+    def _engines(self) -> Iterator[Metric]:
+        sched = self.renderer.core.scheduler
+        ids = list(sched.engines)
+        yield labelled(
+            GaugeMetricFamily,
+            "narwhal_engine_resident",
+            "Requests the router tracks on an engine, per phase.",
+            ["iid", "phase"],
+            [
+                row
+                for iid, e in sched.engines.items()
+                for row in (([iid, "prefill"], e.resident_prefill), ([iid, "decode"], e.resident_decode))
+            ],
+        )
+        yield labelled(
+            GaugeMetricFamily,
+            "narwhal_engine_ejected",
+            "1 while the breaker has the engine ejected.",
+            ["iid"],
+            [([iid], int(iid in sched.ejected)) for iid in ids],
+        )
+        yield labelled(
+            GaugeMetricFamily,
+            "narwhal_engine_held",
+            "1 while the breaker holds the engine (inference suspect).",
+            ["iid"],
+            [([iid], int(iid in sched.held)) for iid in ids],
+        )
+        yield labelled(
+            GaugeMetricFamily,
+            "narwhal_engine_accepts_new",
+            "1 when the engine is placement-eligible.",
+            ["iid"],
+            [([iid], int(sched.accepts_new(iid))) for iid in ids],
+        )
+        b = self.renderer.breaker
+        if b is None:
+            return
+        yield labelled(
+            CounterMetricFamily,
+            "narwhal_engine_ejections_total",
+            "Ejections by engine and cause.",
+            ["iid", "cause"],
+            [([iid, cause], n) for (iid, cause), n in sorted(b.ejections.items())],
+        )
+        yield labelled(
+            CounterMetricFamily,
+            "narwhal_engine_readmissions_total",
+            "Readmissions after an ejection.",
+            ["iid"],
+            [([iid], b.readmissions.get(iid, 0)) for iid in ids],
+        )
+        yield labelled(
+            CounterMetricFamily,
+            "narwhal_engine_ejections_spared_total",
+            "Ejections refused: last engine of a role.",
+            ["iid", "cause"],
+            [([iid, cause], n) for (iid, cause), n in sorted(b.spared.items())],
+        )
+        yield labelled(
+            CounterMetricFamily,
+            "narwhal_engine_probes_total",
+            "Breaker probes by kind and outcome.",
+            ["iid", "kind", "outcome"],
+            [([iid, kind, outcome], n) for (iid, kind, outcome), n in sorted(b.probes.items())],
+        )
 
 
 class MetricsRenderer:
@@ -77,77 +227,9 @@ class MetricsRenderer:
         self.core = core
         self.stats = stats
         self.breaker = breaker
-        self.extra_metric_sources: list[Callable[[], Iterable[str]]] = []
+        self.extra_metric_sources: list[MetricSource] = []
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(RouterCollector(self))
 
     def render(self) -> str:
-        core = self.core
-        c = core.counters.values
-        reasons = core.counters.reasons
-        out = ['narwhal_contract_info{contract="metrics",version="2"} 1']
-        for key in ("offered", "served", "cancelled", "invalid_requests", "unserved", "slo_met"):
-            out += _family(f"narwhal_{key}_total", "counter", f"Requests counted as {key}.")
-            out.append(f"narwhal_{key}_total {c[key]}")
-        out += _reasoned(
-            "narwhal_failed_total", "Failed requests by reason.", FAILED_REASONS, reasons["failed"]
-        )
-        out += _reasoned(
-            "narwhal_rejected_total", "Rejected requests by reason.", REJECTED_REASONS, reasons["rejected"]
-        )
-        out += _reasoned(
-            "narwhal_expired_total", "Expired requests by reason.", EXPIRED_REASONS, reasons["expired"]
-        )
-        out += _family("narwhal_inflight_requests", "gauge", "Requests holding an in-flight seat.")
-        out.append(f"narwhal_inflight_requests {self.stats.inflight}")
-        out += _family("narwhal_queued_requests", "gauge", "Requests waiting for an in-flight seat.")
-        out.append(f"narwhal_queued_requests {self.stats.queued}")
-        out += _family("narwhal_router_ready", "gauge", "1 when /ready answers 200.")
-        out.append(f"narwhal_router_ready {int(core.ready())}")
-        out += _family("narwhal_router_lease_epoch", "gauge", "Current lease epoch (0 without a lease).")
-        out.append(f"narwhal_router_lease_epoch {core.control.epoch}")
-        out += self._engines()
-        out += self.stats.ttft.render("narwhal_ttft_seconds", "Time to first token of served requests.")
-        out += self.stats.e2e.render("narwhal_e2e_seconds", "End-to-end duration of served requests.")
-        for source in self.extra_metric_sources:
-            out.extend(source())
-        out.append("")
-        return "\n".join(out)
-
-    def _engines(self) -> list[str]:
-        sched = self.core.scheduler
-        out = _family(
-            "narwhal_engine_resident", "gauge", "Requests the router tracks on an engine, per phase."
-        )
-        for iid, e in sched.engines.items():
-            out.append(f'narwhal_engine_resident{{iid="{iid}",phase="prefill"}} {e.resident_prefill}')
-            out.append(f'narwhal_engine_resident{{iid="{iid}",phase="decode"}} {e.resident_decode}')
-        out += _family("narwhal_engine_ejected", "gauge", "1 while the breaker has the engine ejected.")
-        out += [f'narwhal_engine_ejected{{iid="{iid}"}} {int(iid in sched.ejected)}' for iid in sched.engines]
-        out += _family(
-            "narwhal_engine_held", "gauge", "1 while the breaker holds the engine (inference suspect)."
-        )
-        out += [f'narwhal_engine_held{{iid="{iid}"}} {int(iid in sched.held)}' for iid in sched.engines]
-        out += _family("narwhal_engine_accepts_new", "gauge", "1 when the engine is placement-eligible.")
-        out += [
-            f'narwhal_engine_accepts_new{{iid="{iid}"}} {int(sched.accepts_new(iid))}'
-            for iid in sched.engines
-        ]
-        b = self.breaker
-        if b is None:
-            return out
-        out += _family("narwhal_engine_ejections_total", "counter", "Ejections by engine and cause.")
-        for (iid, cause), n in sorted(b.ejections.items()):
-            out.append(f'narwhal_engine_ejections_total{{iid="{iid}",cause="{_esc(cause)}"}} {n}')
-        out += _family("narwhal_engine_readmissions_total", "counter", "Readmissions after an ejection.")
-        out += [
-            f'narwhal_engine_readmissions_total{{iid="{iid}"}} {b.readmissions.get(iid, 0)}'
-            for iid in sched.engines
-        ]
-        out += _family(
-            "narwhal_engine_ejections_spared_total", "counter", "Ejections refused: last engine of a role."
-        )
-        for (iid, cause), n in sorted(b.spared.items()):
-            out.append(f'narwhal_engine_ejections_spared_total{{iid="{iid}",cause="{_esc(cause)}"}} {n}')
-        out += _family("narwhal_engine_probes_total", "counter", "Breaker probes by kind and outcome.")
-        for (iid, kind, outcome), n in sorted(b.probes.items()):
-            out.append(f'narwhal_engine_probes_total{{iid="{iid}",kind="{kind}",outcome="{outcome}"}} {n}')
-        return out
+        return generate_latest(self.registry).decode()

@@ -149,7 +149,8 @@ class Prober:
 
     def pass_once(self) -> None:
         core = self.core
-        if not core.controls_fleet() or core.scheduler.fleet_hold:
+        # active-active: breaker evidence is each replica's own, so every replica probes its ejections
+        if (not core.controls_fleet() and core.control.replica is None) or core.scheduler.fleet_hold:
             return
         for iid in self.breaker.due_for_readmission(self.interval_s):
             self._spawn(iid, self._recover(iid))

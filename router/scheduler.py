@@ -21,6 +21,7 @@ class EngineRuntime:
     attestation_url: str
     resident_prefill: int = 0
     resident_decode: int = 0
+    opening_decode: int = 0  # decode legs placed whose engine has not answered yet
     last_pick: int = 0  # placement sequence number of this engine's last pick (0 = never)
 
     @property

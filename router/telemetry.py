@@ -19,6 +19,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import httpx
 from aiohttp import web
@@ -30,7 +31,9 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from temporalio.client import Interceptor
+
+if TYPE_CHECKING:  # the Temporal client is the [worker] extra; the router never imports it
+    from temporalio.client import Interceptor
 
 log = logging.getLogger("narwhal.telemetry")
 
@@ -46,6 +49,16 @@ _meter_provider: MeterProvider | None = None
 _server_middleware_ready = False
 
 MetricsCallback = Callable[[], Mapping[str, float]]
+
+
+class OtelExtraMissing(RuntimeError):
+    """OTLP export is configured but the ``[otel]`` extra (exporter, instrumentation) is not installed."""
+
+    def __init__(self, exc: ImportError) -> None:
+        super().__init__(
+            f"OpenTelemetry export is configured ({ENDPOINT_ENV}) but {exc.name or exc} is not "
+            "installed: install the package with its [otel] extra (pip install 'narwhal-restart[otel]')"
+        )
 
 
 def _env(name: str) -> str:
@@ -87,7 +100,10 @@ def setup_tracing(service_name: str) -> TracerProvider | None:
         return _tracer_provider
     if not tracing_enabled():
         return None
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError as exc:
+        raise OtelExtraMissing(exc) from None
 
     provider = TracerProvider(resource=make_resource(service_name))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
@@ -136,10 +152,13 @@ def instrument_aiohttp_server(app: web.Application, tracer_provider: TracerProvi
     .instrument()`` sets; we set them once and undo its global ``web.Application`` patch, so only
     the applications passed here are instrumented.
     """
-    from opentelemetry.instrumentation.aiohttp_server import (
-        AioHttpServerInstrumentor,
-        create_aiohttp_middleware,
-    )
+    try:
+        from opentelemetry.instrumentation.aiohttp_server import (
+            AioHttpServerInstrumentor,
+            create_aiohttp_middleware,
+        )
+    except ImportError as exc:
+        raise OtelExtraMissing(exc) from None
 
     global _server_middleware_ready
     if not _server_middleware_ready:
@@ -155,7 +174,10 @@ def instrument_aiohttp_server(app: web.Application, tracer_provider: TracerProvi
 
 def instrument_aiohttp_client(tracer_provider: TracerProvider | None = None) -> None:
     """Trace every ``aiohttp.ClientSession`` created from now on and inject ``traceparent``."""
-    from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
+    try:
+        from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
+    except ImportError as exc:
+        raise OtelExtraMissing(exc) from None
 
     instrumentor = AioHttpClientInstrumentor()
     if not instrumentor.is_instrumented_by_opentelemetry:
@@ -166,7 +188,10 @@ def instrument_httpx(
     client: httpx.Client | httpx.AsyncClient | None = None, tracer_provider: TracerProvider | None = None
 ) -> None:
     """Trace httpx requests and inject ``traceparent``: one ``client``, or every client if ``None``."""
-    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+    try:
+        from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+    except ImportError as exc:
+        raise OtelExtraMissing(exc) from None
 
     if client is not None:
         HTTPXClientInstrumentor.instrument_client(client, tracer_provider=tracer_provider)
@@ -225,7 +250,10 @@ def setup_metrics(
             return _meter_provider
         if not metrics_enabled():
             return None
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        try:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        except ImportError as exc:
+            raise OtelExtraMissing(exc) from None
 
         reader = PeriodicExportingMetricReader(
             OTLPMetricExporter(), export_interval_millis=export_interval_s * 1000

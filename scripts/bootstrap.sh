@@ -13,3 +13,18 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+# Debian packages the tests use (the router itself needs none of them):
+# jq — the operator guide's jq expressions run with the real jq;
+# etcd-server / etcd-client — the etcd-backend integration tests start a three-member cluster (the
+# router never needs etcd unless --etcd-endpoints / ha.etcd_endpoints is configured).
+need=()
+command -v jq >/dev/null 2>&1 || need+=(jq)
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server etcd-client)
+if [ ${#need[@]} -gt 0 ]; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    echo "bootstrap: not installed (the tests need them): ${need[*]} (apt-get install ${need[*]})" >&2
+  fi
+fi

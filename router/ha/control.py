@@ -20,11 +20,21 @@ class LeaseView(Protocol):
     def valid(self) -> bool: ...
 
 
+class PlacementGate(Protocol):
+    """Active-active: whether this replica may place new work, whoever controls the fleet."""
+
+    def placement_reason(self) -> str:
+        """Why new placement is refused right now; "" = this replica may serve."""
+        ...
+
+
 class ControlState:
     def __init__(self, lease: LeaseView | None = None, standby: bool = False) -> None:
         self.lease = lease
         self.standby = standby
         self.failover_blocked = ""  # non-empty: fenced, with the reason
+        # active-active (router/replicas): serving follows this gate, not control of the fleet
+        self.replica: PlacementGate | None = None
 
     def controls_fleet(self) -> bool:
         return not self.standby and not self.failover_blocked and (self.lease is None or self.lease.valid())

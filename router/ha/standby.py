@@ -162,6 +162,9 @@ class StandbyLoop:
             while True:
                 result = await self.probe(client)
                 if result.good and result.doc is not None:
+                    if self.last_miss_reason:  # INFO says what changed: the primary is back
+                        log.info("standby: primary answers again after %d missed probes", self.misses)
+                        self.last_miss_reason = ""
                     await self._keep(result.doc)
                 else:
                     self.misses += 1

@@ -33,6 +33,7 @@ from typing import Any
 
 from router.attestation import verify_attestation
 from router.core import RouterCore
+from router.engines.identity import same_process
 from router.lifecycle.service import LifecycleService
 from router.probes import Prober
 
@@ -128,7 +129,8 @@ class LifecycleMonitor:
             self.stages.append((name, stage))
 
     def _on_eject(self, iid: str, cause: str) -> None:
-        self.machine.require_restart_wave(f"engine {iid} was excluded")
+        if self.core.controls_fleet():  # active-active: a follower never mutates the lifecycle
+            self.machine.require_restart_wave(f"engine {iid} was excluded")
 
     # -- loop -------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -195,7 +197,7 @@ class LifecycleMonitor:
             if start is not None and not problem and accepted is None:
                 self.machine.process_starts[iid] = start
                 continue
-            if start is not None and not problem and start == accepted:
+            if start is not None and not problem and same_process(start, accepted):
                 continue
             if not self.contracted:
                 if start is not None:

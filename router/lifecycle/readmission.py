@@ -19,6 +19,7 @@ from typing import Any
 from router.attestation import contract_fingerprint, verify_attestation
 from router.config import FleetConfig
 from router.engines.control import EngineControl, Identity, describe
+from router.engines.identity import newer_process, same_process
 from router.lifecycle.machine import LifecycleMachine, Verdict
 from router.lifecycle.pairs import Pair, PairError, recovery_pairs, validation_pairs
 from router.scheduler import Scheduler
@@ -131,7 +132,7 @@ class Readmission:
             return
         if not run.target:
             accepted = self.machine.process_starts.get(iid)
-            if accepted is not None and accepted != run.identity.process_start:
+            if accepted is not None and not same_process(accepted, run.identity.process_start):
                 self._exclude(iid, accepted, run.identity.process_start)
                 run.errors.append(PEER_CHANGED)
                 return
@@ -158,7 +159,7 @@ class Readmission:
         rec = self.machine.records.get(iid)
         if rec is not None and rec.restart_required:
             old = rec.old_process_start
-            if old is None or not run.identity.process_start > old:
+            if not newer_process(run.identity.process_start, old):
                 run.errors.append(NOT_RESTARTED)
                 return
             run.checks.append("new process identity")
@@ -199,7 +200,12 @@ class Readmission:
         async def one(run: _Run) -> None:
             try:
                 now = await self.control.identity(run.iid)
-                if now != run.identity:
+                before = run.identity
+                if (
+                    before is None
+                    or now.version != before.version
+                    or not same_process(now.process_start, before.process_start)
+                ):
                     raise _IdentityChanged("process start changed")
                 problem = await self._attest(run.iid, now)
                 if problem:

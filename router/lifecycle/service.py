@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from router.core import RouterCore
@@ -55,6 +55,8 @@ class LifecycleService:
         self.lock = asyncio.Lock()
         self.persist_hooks: list[PersistHook] = []  # HA: write the handoff after lifecycle POSTs
         self.replicas: ReplicaPicture | None = None  # active-active: the replica set's picture
+        # active-active: waits until every live replica applied the last commit; "" or why not
+        self.acknowledge: Callable[[], Awaitable[str]] | None = None
 
     # -- component protocol (routes live in routes.py) ---------------------------------------
     def add_routes(self, app: Any) -> None:
@@ -149,6 +151,10 @@ class LifecycleService:
                 return self._answer(503, FENCED_DRAIN)
             if failures:
                 return self._answer(503, "; ".join(f"{iid}: {failures[iid]}" for iid in sorted(failures)))
+            if self.acknowledge is not None:  # active-active: every live replica applied the drain
+                behind = await self.acknowledge()
+                if behind:
+                    return self._answer(503, behind)
             return self._answer(200)
 
     # -- readmit (spec §6.1) -----------------------------------------------------------------

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiohttp import web
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from router.breaker import Breaker
 from router.config import FleetConfig
@@ -20,37 +21,35 @@ from router.lifecycle.auth import control_auth_middleware
 from router.lifecycle.models import LIFECYCLE_STATES
 from router.lifecycle.monitor import LifecycleMonitor
 from router.lifecycle.service import LifecycleService
-from router.metrics import MetricsRenderer
+from router.metrics import MetricsRenderer, labelled
 from router.probes import Prober
 
 
-def metric_lines(service: LifecycleService) -> Iterable[str]:
+def metric_families(service: LifecycleService) -> Iterable[Metric]:
     machine, sched = service.machine, service.core.scheduler
     machine.refresh()
-    out = [
-        "# HELP narwhal_engine_draining Engine held out of placement by the lifecycle (1) or not (0)",
-        "# TYPE narwhal_engine_draining gauge",
-    ]
-    out += [f'narwhal_engine_draining{{iid="{i}"}} {int(i in sched.draining)}' for i in sorted(sched.engines)]
-    out += [
-        "# HELP narwhal_engine_ready_to_stop Engine drained with its identity recorded: safe to stop",
-        "# TYPE narwhal_engine_ready_to_stop gauge",
-    ]
-    out += [
-        f'narwhal_engine_ready_to_stop{{iid="{i}"}} {int(machine.ready_to_stop(i))}'
-        for i in sorted(sched.engines)
-    ]
-    out += [
-        "# HELP narwhal_engine_lifecycle_state Engine lifecycle state (1 for the current state)",
-        "# TYPE narwhal_engine_lifecycle_state gauge",
-    ]
-    for iid in sorted(sched.engines):
-        current = machine.state(iid)
-        out += [
-            f'narwhal_engine_lifecycle_state{{iid="{iid}",state="{s}"}} {int(s == current)}'
-            for s in LIFECYCLE_STATES
-        ]
-    return out
+    ids = sorted(sched.engines)
+    yield labelled(
+        GaugeMetricFamily,
+        "narwhal_engine_draining",
+        "Engine held out of placement by the lifecycle (1) or not (0)",
+        ["iid"],
+        [([i], int(i in sched.draining)) for i in ids],
+    )
+    yield labelled(
+        GaugeMetricFamily,
+        "narwhal_engine_ready_to_stop",
+        "Engine drained with its identity recorded: safe to stop",
+        ["iid"],
+        [([i], int(machine.ready_to_stop(i))) for i in ids],
+    )
+    yield labelled(
+        GaugeMetricFamily,
+        "narwhal_engine_lifecycle_state",
+        "Engine lifecycle state (1 for the current state)",
+        ["iid", "state"],
+        [([i, s], int(s == machine.state(i))) for i in ids for s in LIFECYCLE_STATES],
+    )
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ def lifecycle_components(
     service = LifecycleService(core, eject=breaker.eject)
     service.machine.readmit_hook = lambda iid: breaker.readmit(iid, "lifecycle")
     monitor = LifecycleMonitor(core, service, eject=breaker.eject, prober=prober)
-    metrics.extra_metric_sources.append(lambda: metric_lines(service))
+    metrics.extra_metric_sources.append(lambda: metric_families(service))
     return LifecycleParts(service, monitor)
 
 

@@ -57,10 +57,7 @@ class ReplicaSet:
 
     def launching(self) -> dict[str, int]:
         """Legs picked but maybe not yet received by their engine (prefill legs, opening decodes)."""
-        return {
-            iid: e.resident_prefill + getattr(e, "opening_decode", 0)
-            for iid, e in self.scheduler.engines.items()
-        }
+        return {iid: e.resident_prefill + e.opening_decode for iid, e in self.scheduler.engines.items()}
 
     def not_accepting(self) -> list[str]:
         return [iid for iid in self.scheduler.engines if not self.scheduler.accepts_new(iid)]

@@ -314,6 +314,7 @@ class Serving:
         rec.decode_iid = d.iid
         dbody = decode_body(body, self.model, None if d.iid == p.iid else desc)
         d.resident_decode += 1
+        d.opening_decode += 1  # until the engine has answered the leg (active-active acknowledgement)
         stream = None
         clean = False
         st = StreamState()
@@ -322,7 +323,10 @@ class Serving:
         try:
             try:
                 async with asyncio.timeout(self.first_token_timeout):
-                    stream = await engines.open_decode(d.iid, d.url, path, dbody, xrid + "-decode")
+                    try:
+                        stream = await engines.open_decode(d.iid, d.url, path, dbody, xrid + "-decode")
+                    finally:
+                        d.opening_decode -= 1
                     while True:
                         payload = await stream.next_data()
                         if payload is None:

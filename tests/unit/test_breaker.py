@@ -33,7 +33,7 @@ def test_connection_streak_ejects_at_threshold() -> None:
     assert sched.ejected == {"e1": "connection"}
     assert events[-1] == {
         "event": "engine_ejected",
-        "at": clock.monotonic(),
+        "at": clock.wall(),  # wall time (UTC seconds), like every event
         "iid": "e1",
         "cause": "connection",
     }
@@ -158,7 +158,7 @@ def test_readmission_due_after_interval_and_readmit_event() -> None:
     assert sched.ejected == {}
     assert events[-1] == {
         "event": "engine_readmitted",
-        "at": clock.monotonic(),
+        "at": clock.wall(),  # wall time (UTC seconds), like every event
         "iid": "e1",
         "evidence": "health",
     }

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-import orjson
+from collections.abc import Iterator
 
+import orjson
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleet.testing.metrics import Samples, parse_samples
 from router.assemble import RouterOptions, build_parts
 from router.clock import FakeClock
 from router.config import parse_fleet
@@ -22,13 +28,8 @@ def core() -> RouterCore:
     return RouterCore(config=parse_fleet(FLEET), journal=Journal(None), clock=FakeClock())
 
 
-def samples(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            k, _, v = line.rpartition(" ")
-            out[k] = float(v)
-    return out
+def samples(text: str) -> Samples:
+    return parse_samples(text)
 
 
 def test_every_known_reason_is_emitted_from_zero() -> None:
@@ -74,12 +75,43 @@ def test_histogram_buckets_are_cumulative() -> None:
     h = Histogram((1.0, 2.0))
     for v in (0.5, 1.0, 1.5, 9.0):
         h.observe(v)
-    lines = h.render("h", "help")
-    assert (
-        'h_bucket{le="1.0"} 2' in lines
-        and 'h_bucket{le="2.0"} 3' in lines
-        and 'h_bucket{le="+Inf"} 4' in lines
-    )
+    buckets = {s.labels["le"]: s.value for s in h.family("h", "help").samples if s.name == "h_bucket"}
+    assert buckets["1.0"] == 2 and buckets["2.0"] == 3 and buckets["+Inf"] == 4
+    assert samples(generate_latest(_Fixed(h.family("h", "help"))).decode())['h_bucket{le="2.0"}'] == 3
+
+
+class _Fixed(CollectorRegistry):
+    """A registry that serves the given families (for rendering one family in a test)."""
+
+    def __init__(self, *families: Metric) -> None:
+        super().__init__(auto_describe=False)
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
+def test_label_values_are_escaped_and_every_family_is_typed() -> None:
+    fleet = {
+        "model": "m",
+        "engines": [
+            {"iid": 'e"0\\x', "url": "http://a", "role": "prefill"},
+            {"iid": "e1\nz", "url": "http://b"},
+        ],
+    }
+    c = RouterCore(config=parse_fleet(fleet), journal=Journal(None), clock=FakeClock())
+    parts = build_parts(c, RouterOptions())
+    parts.breaker.eject('e"0\\x', 'cause "quoted"')
+    text = parts.metrics.render()
+    assert 'narwhal_engine_ejected{iid="e\\"0\\\\x"} 1.0' in text
+    assert 'cause="cause \\"quoted\\""' in text
+    parsed = {s.labels.get("iid") for f in text_string_to_metric_families(text) for s in f.samples}
+    assert {'e"0\\x', "e1\nz"} <= parsed  # the escaped text reads back to the engine ids
+    families = [ln.split()[2] for ln in text.splitlines() if ln.startswith("# HELP ")]
+    typed = {ln.split()[2] for ln in text.splitlines() if ln.startswith("# TYPE ")}
+    assert families and set(families) == typed
+    assert "# TYPE narwhal_contract_info gauge" in text
+    assert samples(text)['narwhal_contract_info{contract="metrics",version="2"}'] == 1
 
 
 def _chunk(**kw: object) -> bytes:

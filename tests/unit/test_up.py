@@ -129,9 +129,7 @@ async def test_process_manager_stops_by_pid_and_kills_the_group(tmp_path: Path) 
     assert doc["narwhal_up"] == os.getpid()
     pm.note_pids("engines", {"e0": 1234})
     assert json.loads((tmp_path / "pids.json").read_text())["engines"] == {"e0": 1234}
-    t0 = time.monotonic()
     await pm.stop_all(["polite"])
-    assert time.monotonic() - t0 < 8
     assert polite.returncode == -signal.SIGTERM
     assert stubborn.returncode == -signal.SIGKILL  # grace expired → SIGKILL to its group
     assert not _alive(stubborn.pid) and not _alive(polite.pid)

@@ -99,6 +99,31 @@ async def test_follows_the_lease_holder_on_503_and_connection_errors() -> None:
     assert out.engines["e0"].state == "drained"
 
 
+async def test_any_active_active_replica_leads_to_the_holder_it_names() -> None:
+    def follower_doc() -> dict[str, Any]:
+        doc = not_controlling()
+        doc["replicas"] = {"mode": "active-active", "self_id": "r1", "holder_id": "r0",
+                           "holder_url": "http://router-h:9000/", "version": 7, "members": []}  # fmt: skip
+        return doc
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.host == "router-a":  # a replica that serves but does not control
+            return httpx.Response(503 if req.method == "POST" else 200, json=follower_doc())
+        if req.method == "POST":
+            return httpx.Response(200, json=example("drain_e0.json")["body"])
+        return httpx.Response(200, json=lifecycle())
+
+    acts, seen = activities(handler)
+    ref = RouterRef(routers=[A])
+    out = await ActivityEnvironment().run(acts.drain, DrainRequest(router=ref, engines=["e0"]))
+    assert out.engines["e0"].state == "drained"
+    assert seen == [
+        "GET router-a /narwhal/lifecycle",
+        "GET router-h /narwhal/lifecycle",
+        "POST router-h /narwhal/lifecycle/drain",
+    ]
+
+
 async def test_no_holder_is_a_retryable_router_unavailable() -> None:
     acts, _ = activities(lambda req: httpx.Response(200, json=lifecycle(controls=False)))
     with pytest.raises(ApplicationError) as err:

@@ -2,7 +2,7 @@
 
 A change to EngineRestart/RollingRestart/WaveRestart that alters the command sequence an old
 history produced (an added, removed or reordered activity, timer, child, signal…) fails here —
-such a change must go behind ``workflow.patched(...)`` (temporal-notes §3.9). The histories are
+such a change must go behind ``workflow.patched(...)``. The histories are
 written by ``scripts/record_histories.py``; the file name is the workflow id.
 """
 
