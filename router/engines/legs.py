@@ -24,6 +24,7 @@ from router.engines.sse import SSEFramer
 from router.engines.wire import (
     ConnectFailed,
     ConnectionLost,
+    DeadlineExceeded,
     EnginePool,
     Response,
     ResponseTooLarge,
@@ -48,6 +49,7 @@ class LegFailure(Exception):
         self.status = status
         self.timed_out = False
         self.unreachable = False
+        self.deadline = False  # the caller's bound on the leg passed (e.g. no first token in time)
 
     @property
     def reason(self) -> str:
@@ -108,6 +110,7 @@ def _classify(exc: BaseException, phase: str, iid: str) -> LegFailure:
     if isinstance(exc, TimeoutError):
         f = LegFailure("stream" if phase == "decode" else "timeout", phase, iid, "engine timed out")
         f.timed_out = True
+        f.deadline = isinstance(exc, DeadlineExceeded)
         return f
     if isinstance(exc, WireError):
         return LegFailure("connection", phase, iid, str(exc))
@@ -163,12 +166,19 @@ def _block_ids_ok(ids: Any) -> bool:
     return True
 
 
+_REMOTE_DECODE = {"do_remote_decode": True}
+
+
 def prefill_body(body: dict[str, Any], model: str) -> bytes:
-    out = {k: v for k, v in body.items() if k not in PREFILL_DROP}
+    out = (
+        body.copy()
+        if PREFILL_DROP.isdisjoint(body)
+        else {k: v for k, v in body.items() if k not in PREFILL_DROP}
+    )
     out["model"] = model
     out["max_tokens"] = 1
     out["stream"] = False
-    out["kv_transfer_params"] = {"do_remote_decode": True}
+    out["kv_transfer_params"] = _REMOTE_DECODE
     return orjson.dumps(out)
 
 
@@ -235,7 +245,7 @@ class EngineClient:
         self.health_timeout = aiohttp.ClientTimeout(total=eng.health_timeout_s)
         self.pool = EnginePool(connect_timeout=eng.health_timeout_s)
         self._targets: dict[tuple[str, str], _Target] = {}
-        self._streams: set[Response] = set()  # open decode responses (the watchdog's list)
+        self._watched: set[Response] = set()  # legs in flight (the watchdog's list)
         self._watchdog: asyncio.Task[None] | None = None
         self._control: aiohttp.ClientSession | None = None
         self._ssl: ssl.SSLContext | None = None
@@ -291,26 +301,33 @@ class EngineClient:
             t = self._targets[(url, path)] = _Target(url, path, self.headers)
         return t
 
-    async def _send(self, url: str, path: str, body: bytes, xrid: str) -> Response:
-        """Send one leg request; a reused keep-alive connection the engine closed meanwhile is
+    async def _send(self, url: str, path: str, body: bytes, xrid: str, bound_s: float) -> Response:
+        """Send one leg request; ``bound_s`` bounds the exchange from now (the watchdog enforces
+        it: no timer per leg). A reused keep-alive connection the engine closed meanwhile is
         replaced once (nothing of the request was processed: no response byte came back)."""
         target = self._target(url, path)
         extra: dict[str, str] | None = None
         if self.traced:
             with telemetry.client_span("POST", target.url) as extra:
-                return await self._exchange(target, body, xrid, extra)
-        return await self._exchange(target, body, xrid, extra)
+                return await self._exchange(target, body, xrid, extra, bound_s)
+        return await self._exchange(target, body, xrid, extra, bound_s)
 
     async def _exchange(
-        self, target: _Target, body: bytes, xrid: str, extra: dict[str, str] | None
+        self, target: _Target, body: bytes, xrid: str, extra: dict[str, str] | None, bound_s: float
     ) -> Response:
         data = target.request(body, xrid, extra)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + bound_s if bound_s else 0.0
         for _ in range(2):
             conn = await self.pool.acquire(target.key, self._tls() if target.ssl else None)
             resp = conn.send(data, self.max_response_bytes)
+            resp.deadline = deadline
+            self._watched.add(resp)
+            resp.on_close = self._watched.discard
             try:
                 await resp.head()
             except ConnectionLost:
+                resp.close()
                 if conn.reused and not resp.status:
                     continue
                 raise
@@ -330,9 +347,8 @@ class EngineClient:
         """Run the prefill leg; returns the KV descriptor or raises :class:`LegFailure`."""
         resp: Response | None = None
         try:
-            async with asyncio.timeout(self.prefill_timeout_s):
-                resp = await self._send(url, path, body, xrid)
-                raw = await resp.read()
+            resp = await self._send(url, path, body, xrid, self.prefill_timeout_s)
+            raw = await resp.read()
             status = resp.status
             resp.release()
         except ResponseTooLarge as exc:
@@ -352,10 +368,16 @@ class EngineClient:
             raise LegFailure("kv_handoff", "prefill", iid, "no handoff descriptor in the prefill answer")
         return desc
 
-    async def open_decode(self, iid: str, url: str, path: str, body: bytes, xrid: str) -> DecodeStream:
-        """Start the streamed decode leg; the caller must ``close()`` or ``release()`` the stream."""
+    async def open_decode(
+        self, iid: str, url: str, path: str, body: bytes, xrid: str, first_token_s: float = 0.0
+    ) -> DecodeStream:
+        """Start the streamed decode leg; the caller must ``close()`` or ``release()`` the stream.
+
+        ``first_token_s`` bounds the leg until the caller clears ``stream.resp.deadline`` (when the
+        first token is in); a leg past it fails with ``LegFailure.deadline`` set.
+        """
         try:
-            resp = await self._send(url, path, body, xrid)
+            resp = await self._send(url, path, body, xrid, first_token_s)
         except (WireError, TimeoutError) as exc:
             raise _classify(exc, "decode", iid) from None
         if resp.status != 200:
@@ -368,22 +390,25 @@ class EngineClient:
                 resp.close()
             raise _status_failure(resp.status, raw, "decode", iid)
         resp.last_rx = asyncio.get_running_loop().time()
-        self._streams.add(resp)
-        resp.on_close = self._streams.discard
+        resp.idle_limit = self.decode_read_timeout_s
         return DecodeStream(resp, iid)
 
     async def _watch_streams(self) -> None:
-        """Fail decode streams silent for ``decode_read_timeout_s`` (unless the router paused them)."""
-        limit = self.decode_read_timeout_s
+        """Fail legs past their deadline, and decode streams silent for ``decode_read_timeout_s``
+        (unless the router itself paused reading them). One task for every leg, no timer per leg."""
+        eng = self.config.engine
+        limit = min(self.decode_read_timeout_s, eng.first_token_timeout_s, self.prefill_timeout_s)
         tick = min(max(limit / 4, 0.02), 0.5)
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(tick)
             now = loop.time()
-            for resp in [r for r in self._streams if now - r.last_rx > limit]:
-                if resp.complete or resp.conn.closed:
-                    self._streams.discard(resp)
-                elif resp.conn.reading:
+            for resp in list(self._watched):
+                if resp.conn.closed:
+                    self._watched.discard(resp)
+                elif resp.deadline and now > resp.deadline:
+                    resp.fail(DeadlineExceeded("engine leg deadline passed"))
+                elif resp.idle_limit and resp.conn.reading and now - resp.last_rx > resp.idle_limit:
                     resp.fail(TimeoutError("decode read timed out"))
 
     # -- probes -----------------------------------------------------------------------------

@@ -40,6 +40,16 @@ class SSEFramer:
         """Frame ``chunk``; True once ``[DONE]`` was reached (the rest of the chunk is dropped)."""
         if self.done:
             return True
+        if not self.buf and not self.cr and chunk.endswith(_SEP) and chunk.startswith(b"data:"):
+            end = len(chunk) - 2
+            if chunk.find(b"\n", 0, end) == -1 and b"\r" not in chunk:
+                # the usual body chunk: exactly one single-line event (what event_payload does)
+                payload = chunk[5:end].strip()
+                if payload == b"[DONE]":
+                    self.done = True
+                    return True
+                self.ready.append(payload)
+                return False
         if self.cr:
             self.cr = False
             if chunk[:1] == b"\n":

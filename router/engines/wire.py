@@ -29,6 +29,10 @@ class WireError(Exception):
     """A failed engine exchange."""
 
 
+class DeadlineExceeded(TimeoutError):
+    """The caller's bound on the exchange (``Response.deadline``) passed."""
+
+
 class ConnectFailed(WireError):
     pass
 
@@ -66,6 +70,8 @@ class Response:
         "_waiter",
         "complete",
         "conn",
+        "deadline",
+        "idle_limit",
         "last_rx",
         "limit",
         "on_close",
@@ -80,6 +86,8 @@ class Response:
         self.received = 0
         self.complete = False  # the whole message was parsed
         self.last_rx = 0.0  # loop time of the last body bytes (the stream watchdog reads it)
+        self.deadline = 0.0  # loop time by which the caller's bound ends (0: none); see watchdog
+        self.idle_limit = 0.0  # longest silence between body bytes (0: unbounded)
         self._chunks: list[bytes] = []
         self._exc: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None

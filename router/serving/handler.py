@@ -322,23 +322,29 @@ class Serving:
         frames: list[bytes] = []
         try:
             try:
-                async with asyncio.timeout(self.first_token_timeout):
-                    try:
-                        stream = await engines.open_decode(d.iid, d.url, path, dbody, xrid + "-decode")
-                    finally:
-                        d.opening_decode -= 1
-                    while True:
-                        payload = await stream.next_data()
-                        if payload is None:
-                            raise LegFailure("stream", "decode", d.iid, "[DONE] before any token")
-                        if buffered:
-                            _, n = process_chunk(payload, st, want, True)
-                        else:
-                            out, n = relay_chunk(payload, st, want)
-                            frames += (b"data: ", out, b"\n\n")
-                        if n:
-                            break
-            except TimeoutError:
+                # first_token_timeout_s bounds the leg until the first token (the engine client's
+                # watchdog enforces it: no timer per request)
+                try:
+                    stream = await engines.open_decode(
+                        d.iid, d.url, path, dbody, xrid + "-decode", self.first_token_timeout
+                    )
+                finally:
+                    d.opening_decode -= 1
+                while True:
+                    payload = await stream.next_data()
+                    if payload is None:
+                        raise LegFailure("stream", "decode", d.iid, "[DONE] before any token")
+                    if buffered:
+                        _, n = process_chunk(payload, st, want, True)
+                    else:
+                        out, n = relay_chunk(payload, st, want)
+                        frames += (b"data: ", out, b"\n\n")
+                    if n:
+                        break
+                stream.resp.deadline = 0.0
+            except LegFailure as f:
+                if not f.deadline:
+                    raise
                 self.core.demand_risk.record("first_token_timeout")  # HA: consolidation risk (spec §9.3)
                 f = LegFailure(
                     "stream", "decode", d.iid, f"no first token within {self.first_token_timeout}s"
