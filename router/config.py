@@ -99,6 +99,11 @@ class ServingSettings(_Frozen):
     # in /v1/models) is a 400 before any engine is touched; None: only the reported context bounds
     max_tokens_limit: int | None = Field(default=None, ge=1)
     graceful_timeout_s: float = Field(default=30.0, ge=0)
+    # connection hygiene (router/connections.py)
+    max_client_connections: int = Field(default=4096, ge=1)
+    header_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    idle_timeout_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
+    fd_reserve: int = Field(default=64, ge=0)
     admission: str | None = None  # accepted, unused: predictive admission is not implemented
 
     @model_validator(mode="after")

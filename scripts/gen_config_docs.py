@@ -94,6 +94,17 @@ DESCRIPTIONS: dict[str, str] = {
     "serving.client_write_timeout_s": "How long a streaming client may leave the router's writes "
     "unread (its connection over the write high-water mark) before the stream is cut: counted "
     "`cancelled` with reason `slow_client` in the journal, the engine's decode leg is closed.",
+    "serving.max_client_connections": "Most client connections the router holds open at once; one "
+    "more is accepted and closed at once (`narwhal_connections_refused_total`). The effective bound "
+    "is also at most half of the descriptors `RLIMIT_NOFILE` leaves after `fd_reserve` (logged at "
+    "start-up, `narwhal_client_connection_bound`); the control listener may take 32 more.",
+    "serving.header_timeout_s": "A new connection that has not sent a complete request head within "
+    "this many seconds is closed (`narwhal_header_timeouts_total`).",
+    "serving.idle_timeout_s": "A connection with no request in progress (idle keep-alive, or headers "
+    "that never complete) is closed after this many seconds. Requests in progress are bounded by "
+    "`request_timeout_s` instead.",
+    "serving.fd_reserve": "File descriptors kept free for the control plane's own files and sockets "
+    "(lease renewal, state-file writes, engine control calls): client connections never take them.",
     "serving.max_tokens_limit": "Largest `max_tokens` / `max_completion_tokens` a request may ask for: "
     "above it (or above the smallest `max_model_len` the engines report in `/v1/models`) the request "
     "is a 400 `context_length_exceeded` that touches no engine. Unset: only the reported context "
