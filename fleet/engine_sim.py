@@ -46,6 +46,12 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         "--sse-line-ending", choices=("lf", "crlf", "cr"), default="lf", help="line ends of streamed SSE"
     )
     ap.add_argument("--kv-lease-s", type=int, default=60, help="produced KV blocks expire after this")
+    ap.add_argument(
+        "--no-attestation",
+        dest="attestation",
+        action="store_false",
+        help="do not serve /v1/attestation (like stock vLLM: a narwhal-attest sidecar serves it)",
+    )
     a = ap.parse_args(argv)
     contract = dict(DEFAULT_CONTRACT)
     if a.contract_json:
@@ -72,6 +78,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         kv_lease_s=a.kv_lease_s,
         sse_line_ending=a.sse_line_ending,
         max_model_len=a.max_model_len,
+        attestation=a.attestation,
     )
 
 
