@@ -157,6 +157,8 @@ class HASettings(_Frozen):
     """Lease settings (our extension, ``ha`` key); CLI flags override them."""
 
     lease_path: str = ""
+    etcd_endpoints: str = ""
+    etcd_prefix: str = ""
     router_id: str = ""
     lease_ttl_s: float = Field(default=5.0, gt=0)
     lease_renew_interval_s: float = Field(default=1.0, gt=0)

@@ -73,6 +73,8 @@ USED: dict[str, str] = {
     "control.host": "router/listeners.py",
     "control.port": "router/listeners.py",
     "ha.lease_path": "router/ha/settings.py",
+    "ha.etcd_endpoints": "router/ha/settings.py",
+    "ha.etcd_prefix": "router/ha/settings.py",
     "ha.router_id": "router/ha/settings.py",
     "ha.lease_ttl_s": "router/ha/settings.py",
     "ha.lease_renew_interval_s": "router/ha/settings.py",

@@ -151,7 +151,13 @@ DESCRIPTIONS: dict[str, str] = {
     "with `/health`, `/ready` and `/metrics`; completions and `/v1/*` stay on the client listener. "
     "Must differ from the client `--port`.",
     # ha
-    "ha.lease_path": "Lease file shared by the router pair (`--lease-path`); empty disables fencing.",
+    "ha.lease_path": "Lease file shared by the router pair (`--lease-path`); empty disables fencing "
+    "unless `ha.etcd_endpoints` is set. Not together with `ha.etcd_endpoints` (exit 2).",
+    "ha.etcd_endpoints": "Comma-separated etcd client URLs `http://host:port` (`--etcd-endpoints`): "
+    "the lease (holder key on an etcd lease), the epoch counter and the fenced handoff live in etcd "
+    "(docs/ha.md). Empty: the file lease (`ha.lease_path`) or none.",
+    "ha.etcd_prefix": "Key prefix in etcd (`--etcd-prefix`; empty: `/narwhal/<model>/`). Must start "
+    "and end with `/`; one prefix per fleet.",
     "ha.router_id": "Router ID in the lease holder token (`--router-id`; default `<hostname>:<port>`).",
     "ha.lease_ttl_s": "Lease lifetime (`--lease-ttl`); must exceed renew interval + safety margin.",
     "ha.lease_renew_interval_s": "Lease renewal cadence (`--lease-renew-interval`).",
