@@ -66,8 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import MODEL, RequestFailed, completion_body, new_session, pct, stream_completion
 from fleet.fleetgen import fleet_document, supervisor_config
-from tests.support.procs import Proc, ProcGroup, free_port, proc_group, script
-from tests.support.temporal import dev_server_path
+from fleet.testing.procs import Proc, ProcGroup, free_port, proc_group, script
+from fleet.testing.temporal import dev_server_path
 
 HOST = "127.0.0.1"
 NAMESPACE = "default"

@@ -27,9 +27,9 @@ from typing import Any
 import httpx
 
 from fleet.fleetgen import fleet_document, supervisor_config
+from fleet.procs import Child, ChildExited, ProcessManager
 from fleet.up.load import LoadGenerator
 from fleet.up.ports import Ports
-from fleet.up.procs import Child, ChildExited, ProcessManager
 from fleet.up.summary import Summary
 from fleet.up.watch import HAWatcher
 
