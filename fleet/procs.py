@@ -42,12 +42,16 @@ def child_env(env: dict[str, str] | None) -> dict[str, str]:
 
 
 def spawn(
-    args: Sequence[str], log: IO[bytes] | None = None, env: dict[str, str] | None = None
+    args: Sequence[str],
+    log: IO[bytes] | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``args`` in its own session, output to ``log`` (or discarded), dying with us."""
     out: IO[bytes] | int = log if log is not None else subprocess.DEVNULL
     return subprocess.Popen(
         list(args),
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
         stdout=out,
         stderr=subprocess.STDOUT,
