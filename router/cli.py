@@ -20,8 +20,10 @@ from dataclasses import fields
 from aiohttp import web
 
 from router import listeners, observability
-from router.assemble import RouterOptions, build_router
+from router.assemble import ROUTER_KEY, RouterOptions, build_router
 from router.config import ConfigError, FleetConfig, load_fleet
+from router.config_keys import startup_report, unused_settings
+from router.connections import ConnectionGuard, GuardedSite, nofile_limit
 from router.ha import settings as ha_settings
 from router.logs import setup_logging
 from router.replicas import settings as replica_settings
@@ -93,6 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"narwhal-serve: error: {exc}", file=sys.stderr)
         return 2
     setup_logging(options.log_level)  # httpx per-request lines (standby polls) only at debug
+    # once at start-up: what the fleet file sets that this router accepts but does not act on
+    log.log(
+        logging.WARNING if unused_settings(config) else logging.INFO,
+        "%s: %s",
+        ns.fleet,
+        startup_report(config),
+    )
     try:
         import uvloop
 
@@ -108,21 +117,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 async def serve(config: FleetConfig, options: RouterOptions) -> None:
     app, core = build_router(config, options)
+    if warning := listeners.open_control_warning(config, options):
+        log.warning("%s", warning)
     observability.install(app, core)  # OpenTelemetry only when OTEL_EXPORTER_OTLP_ENDPOINT is set
     graceful = (
         options.graceful_timeout
         if options.graceful_timeout is not None
         else config.serving.graceful_timeout_s
     )
-    runner = web.AppRunner(app, shutdown_timeout=graceful, handler_cancellation=True, access_log=None)
+    guard = ConnectionGuard(config.serving)  # bound, header/idle timeouts, fd reserve
+    app[ROUTER_KEY].parts.metrics.extra_metric_sources.append(guard.metric_lines)
+    runner = web.AppRunner(
+        app, shutdown_timeout=graceful, handler_cancellation=True, access_log=None, **guard.runner_kwargs()
+    )
     await runner.setup()
+    await guard.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        site = web.TCPSite(runner, options.host, options.port, backlog=2048, reuse_address=True)
+        site = GuardedSite(runner, options.host, options.port, guard, backlog=2048, reuse_address=True)
         await site.start()
+        log.info(
+            "client connections bounded at %d (RLIMIT_NOFILE %d, serving.fd_reserve %d); "
+            "header timeout %.1fs, idle timeout %.1fs",
+            guard.bound,
+            nofile_limit(),
+            config.serving.fd_reserve,
+            config.serving.header_timeout_s,
+            config.serving.idle_timeout_s,
+        )
         log.info(
             "narwhal-serve listening on http://%s:%d (model %s, %d engines, run %s)",
             options.host,
@@ -131,12 +156,13 @@ async def serve(config: FleetConfig, options: RouterOptions) -> None:
             len(config.engines),
             core.journal.run_id,
         )
-        control = await listeners.start_control_site(runner, config, options)
+        control = await listeners.start_control_site(runner, config, options, guard)
         if control is not None:
             log.info("control listener on %s (/narwhal/*, /health, /ready, /metrics)", control.url)
         await stop.wait()
         log.info("shutting down: finishing in-flight requests (up to %.1fs)", graceful)
     finally:
+        await guard.stop()
         await runner.cleanup()
         observability.shutdown()  # flush spans of the last requests (no-op when not configured)
 

@@ -16,6 +16,7 @@ Without a control port nothing changes: every route is on the one listener.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ import orjson
 from aiohttp import web
 
 from router.config import ConfigError, FleetConfig
+from router.connections import CONTROL_EXTRA, ConnectionGuard, GuardedSite
 
 CONTROL_PREFIX = "/narwhal/"
 CONTROL_OPS = frozenset({"/health", "/ready", "/metrics"})
@@ -56,6 +58,32 @@ def control_listener(config: FleetConfig, options: object) -> ControlListener | 
     if port == getattr(options, "port", None):
         raise ConfigError(f"control port {port} is the client --port: the listeners need distinct ports")
     return ControlListener(host, port)
+
+
+def is_loopback(host: str) -> bool:
+    """True for a loopback address or ``localhost``; an empty host or a wildcard is not."""
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname: it may resolve anywhere
+
+
+def open_control_warning(config: FleetConfig, options: object) -> str:
+    """A start-up warning when ``/narwhal/*`` is reachable beyond loopback without a token, else ""."""
+    if config.control.token_env:
+        return ""
+    listener = control_listener(config, options)
+    host = listener.host if listener is not None else str(getattr(options, "host", "127.0.0.1"))
+    if is_loopback(host):
+        return ""
+    where = "control listener" if listener is not None else "client listener"
+    return (
+        f"control plane is open: /narwhal/* (drain, readmit, handoff) is served on the {where} {host} "
+        "without a token; anyone who can reach it can drain the fleet. Set control.token_env (and "
+        "control.port for a separate, unpublished listener)"
+    )
 
 
 def is_control_path(path: str) -> bool:
@@ -98,12 +126,20 @@ def install_listener_split(app: web.Application, config: FleetConfig, options: o
 
 
 async def start_control_site(
-    runner: web.BaseRunner, config: FleetConfig, options: object
+    runner: web.BaseRunner, config: FleetConfig, options: object, guard: ConnectionGuard | None = None
 ) -> ControlListener | None:
-    """Bind the control listener on ``runner`` (after the client site); None when not configured."""
+    """Bind the control listener on ``runner`` (after the client site); None when not configured.
+
+    With a ``guard`` the listener may hold ``CONTROL_EXTRA`` connections beyond the client bound, so
+    operators and the standby get in while the client listener is full."""
     listener = control_listener(config, options)
     if listener is None:
         return None
-    site = web.TCPSite(runner, listener.host, listener.port, backlog=128, reuse_address=True)
+    site: web.TCPSite
+    if guard is not None:
+        site = GuardedSite(runner, listener.host, listener.port, guard, CONTROL_EXTRA, backlog=128,
+                           reuse_address=True)  # fmt: skip
+    else:
+        site = web.TCPSite(runner, listener.host, listener.port, backlog=128, reuse_address=True)
     await site.start()
     return listener

@@ -14,6 +14,14 @@ if ! command -v docker-compose >/dev/null 2>&1; then
   apt-get update -qq >/dev/null
   apt-get install -y -qq --no-install-recommends docker-compose >/dev/null
 fi
+# The stack reads the control token from deploy/narwhal.env, which an operator creates (never
+# committed): validate with a throwaway one when it does not exist.
+if [ -z "${NARWHAL_ENV_FILE:-}" ] && [ ! -f deploy/narwhal.env ]; then
+  NARWHAL_ENV_FILE="$(mktemp)"
+  trap 'rm -f "$NARWHAL_ENV_FILE"' EXIT
+  echo "NARWHAL_CONTROL_TOKEN=check-compose-only" > "$NARWHAL_ENV_FILE"
+  export NARWHAL_ENV_FILE
+fi
 docker-compose -f docker-compose.yml config -q
 docker-compose -f docker-compose.yml -f deploy/compose.router-a-standby.yml config -q
 echo "check_compose: docker-compose.yml is valid ($(docker-compose version --short))"

@@ -50,13 +50,13 @@ class LeaseKeeper:
             log.warning("cannot read handoff epochs before claiming: %s", exc)
             return 0
 
-    async def _claim(self) -> bool | None:
+    async def _claim(self, unavailable: str = "lease unavailable") -> bool | None:
         """True claimed, False held by another live holder, None not yet (error or damage)."""
         floor = await self._floor()
         try:
             claimed = await asyncio.to_thread(self.lease.claim, floor)
         except LeaseError as exc:
-            self.control.failover_blocked = f"lease unavailable: {exc}"
+            self.control.failover_blocked = f"{unavailable}: {exc}"
             return None
         if claimed:
             self._note_recovery()
@@ -80,9 +80,10 @@ class LeaseKeeper:
 
     async def claim_until_held(self, previous_epoch: int) -> bool:
         """Retry the claim until it succeeds (True) or another holder owns the lease (False)."""
+        unavailable = "lease renewal failing" if previous_epoch else "lease unavailable"
         while True:
             await asyncio.sleep(self.retry_s)
-            result = await self._claim()
+            result = await self._claim(unavailable)
             if result is False:
                 self._fence(HELD_ELSEWHERE)
                 return False

@@ -142,8 +142,9 @@ class StandbyLoop:
         self.doc = doc
         self.misses = 0
         self.last_good_mono = self.core.clock.monotonic()
-        if self.core.control.failover_blocked == "no fresh handoff":
-            self.core.control.failover_blocked = ""
+        # a block set while shadowing (no fresh handoff, lease unavailable or damaged) is transient:
+        # a good probe clears it (a refused takeover ends the loop instead)
+        self.core.control.failover_blocked = ""
         try:
             await asyncio.to_thread(statefile.write, self.settings.state_path, doc)
         except OSError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import tomllib
@@ -25,6 +26,14 @@ pytestmark = pytest.mark.integration
 def _scripts() -> set[str]:
     with (REPO / "pyproject.toml").open("rb") as f:
         return set(tomllib.load(f)["project"]["scripts"])
+
+
+@pytest.fixture(scope="module")
+def compose_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The operator's deploy/narwhal.env does not exist in a checkout: a throwaway one."""
+    env_file = tmp_path_factory.mktemp("compose") / "narwhal.env"
+    env_file.write_text("NARWHAL_CONTROL_TOKEN=test-only\n", encoding="utf-8")
+    return {**os.environ, "NARWHAL_ENV_FILE": str(env_file)}
 
 
 def _compose() -> dict[str, Any]:
@@ -69,13 +78,14 @@ def test_compose_file_validates_with_docker_compose() -> None:
     assert "docker-compose.yml is valid" in proc.stdout
 
 
-def test_compose_config_resolves_the_expected_services() -> None:
+def test_compose_config_resolves_the_expected_services(compose_env: dict[str, str]) -> None:
     proc = subprocess.run(
         ["docker-compose", "-f", str(COMPOSE), "config", "--services"],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
+        env=compose_env,
     )
     assert proc.returncode == 0, proc.stderr
     services = set(proc.stdout.split())
@@ -123,7 +133,7 @@ def test_fleet_file_validates() -> None:
         assert engine.attestation_url, f"{engine.iid}: readmission needs an attestation_url"
 
 
-def test_failover_override_validates_and_makes_router_a_a_standby_of_b() -> None:
+def test_failover_override_validates_and_makes_router_a_a_standby_of_b(compose_env: dict[str, str]) -> None:
     override = DEPLOY / "compose.router-a-standby.yml"
     proc = subprocess.run(
         ["docker-compose", "-f", str(COMPOSE), "-f", str(override), "config"],
@@ -131,11 +141,12 @@ def test_failover_override_validates_and_makes_router_a_a_standby_of_b() -> None
         capture_output=True,
         text=True,
         timeout=120,
+        env=compose_env,
     )
     assert proc.returncode == 0, proc.stderr
     merged = yaml.safe_load(proc.stdout)["services"]
     cmd = _words(merged["router-a"]["command"])
-    assert cmd[cmd.index("--standby-of") + 1] == "http://router-b:8000"
+    assert cmd[cmd.index("--standby-of") + 1] == "http://router-b:8100"
     assert cmd[cmd.index("--lease-path") + 1] == "/shared/router.lease"
     assert list(_narwhal_commands(yaml.safe_load(override.read_text(encoding="utf-8")))) == ["narwhal-serve"]
 
@@ -173,7 +184,7 @@ def test_compose_services_share_the_lease_and_export_traces() -> None:
         assert any(v.startswith("router-lease:/shared") for v in services[name]["volumes"])
         assert cmd[cmd.index("--fleet") + 1] == "/config/fleet.json"
     standby = _words(services["router-b"]["command"])
-    assert standby[standby.index("--standby-of") + 1] == "http://router-a:8000"
+    assert standby[standby.index("--standby-of") + 1] == "http://router-a:8100"
     assert "--standby-of" not in _words(services["router-a"]["command"])
     for name in ("router-a", "router-b", "worker", "supervisor", "narwhal-cli"):
         env = services[name]["environment"]
@@ -198,3 +209,43 @@ def test_namespace_script_registers_every_search_attribute_the_workflows_use() -
     (line,) = [ln for ln in script.splitlines() if ln.startswith("for sa in ")]
     registered = set(line.removeprefix("for sa in ").removesuffix("; do").split())
     assert used <= registered, f"not registered in create-namespace.sh: {sorted(used - registered)}"
+
+
+def test_shipped_control_plane_needs_a_token_and_is_not_published(compose_env: dict[str, str]) -> None:
+    fleet = load_fleet(DEPLOY / "fleet.json")
+    assert fleet.control.token_env == "NARWHAL_CONTROL_TOKEN" and fleet.control.protect_reads
+    assert fleet.control.port == 8100
+    proc = subprocess.run(
+        ["docker-compose", "-f", str(COMPOSE), "config"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=compose_env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    services = yaml.safe_load(proc.stdout)["services"]
+    for name in ("router-a", "router-b", "worker", "narwhal-cli"):
+        assert services[name]["environment"]["NARWHAL_CONTROL_TOKEN"] == "test-only", name
+    for name, service in services.items():
+        published = {str(p.get("target")) for p in service.get("ports", []) if isinstance(p, dict)}
+        published |= {str(p).rsplit(":", 1)[-1] for p in service.get("ports", []) if not isinstance(p, dict)}
+        assert "8100" not in published, f"{name} publishes the control listener"
+    assert "deploy/narwhal.env" in (REPO / ".gitignore").read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8") + (REPO / "docs" / "deployment.md").read_text(
+        encoding="utf-8"
+    )
+    assert "deploy/narwhal.env" in readme and "NARWHAL_CONTROL_TOKEN" in readme
+
+
+def test_compose_without_the_env_file_is_refused() -> None:
+    env = {**os.environ, "NARWHAL_ENV_FILE": str(REPO / "deploy" / "no-such.env")}
+    proc = subprocess.run(
+        ["docker-compose", "-f", str(COMPOSE), "config", "-q"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode != 0 and "no-such.env" in proc.stderr + proc.stdout

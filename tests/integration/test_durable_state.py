@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.support import durability
-from tests.support.fleet import start_sims
+from tests.support.fleet import start_sims, write_fleet
 from tests.support.procs import proc_group
+from tests.support.router import start_router
 from tests.support.smallfs import SmallFs, small_tmpfs
 
 pytestmark = pytest.mark.integration
@@ -61,3 +62,33 @@ def test_ha_pair_loses_no_acknowledged_drain_when_the_state_dir_fails(
     assert seen["completion_status"] == 200
     assert result.successor_epoch == 2
     assert result.lost == []
+
+
+def test_router_that_lost_its_lease_to_a_local_error_claims_again_when_it_clears(
+    tmp_path: Path, fs: SmallFs
+) -> None:
+    """The lease directory turns read-only for longer than the lease: renewals fail (EROFS), the
+    router stops controlling; once it is writable again the router claims again — no restart."""
+    lease = ["--lease-path", str(fs.path / "router.lease"), "--router-id", "a", *durability.LEASE]
+    with proc_group(tmp_path) as group:
+        sims = start_sims(group, 2, roles=["prefill", "decode"], itl_ms=2)
+        fleet = write_fleet(tmp_path, sims, state_path=str(tmp_path / "a.state.json"), extra=durability.FAST)
+        router = start_router(group, fleet, tmp_path, lease, name="a", wait_ready=True)
+        assert router.get("/ready").json()["epoch"] == 1
+        fs.read_only()
+        try:
+            durability.wait_for(
+                "control lost to the local error",
+                lambda: router.get("/ready").json()["reason"].startswith("lease renewal failing: "),
+            )
+            assert "Read-only file system" in router.get("/ready").json()["reason"]
+            assert "lease renewal error (retrying within validity)" in router.proc.output()
+        finally:
+            fs.read_write()
+        durability.wait_for("claimed again", lambda: router.get("/ready").status_code == 200)
+        ready = router.get("/ready").json()
+        assert ready["epoch"] == 2 and ready["control_ready"] is True  # the record had expired
+        assert "lease claimed again: epoch 2" in router.proc.output()
+        body = {"model": "sim-model", "prompt": "after the error", "max_tokens": 4}
+        assert router.post("/v1/completions", body).status_code == 200
+        assert router.proc.alive()

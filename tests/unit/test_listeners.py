@@ -88,3 +88,34 @@ async def test_routes_are_split_by_listener(two_listeners: tuple[str, str]) -> N
         for method, path in (("POST", "/v1/completions"), ("GET", "/v1/models"), ("GET", "/nope")):
             r = await h.request(method, control + path)
             assert r.status_code == 404 and r.json()["error"]["type"] == "not_found", path
+
+
+@pytest.mark.parametrize(
+    ("host", "control", "token", "warns"),
+    [
+        ("0.0.0.0", {}, "", True),
+        ("10.1.2.3", {}, "", True),
+        ("router.example", {}, "", True),
+        ("127.0.0.1", {}, "", False),
+        ("::1", {}, "", False),
+        ("localhost", {}, "", False),
+        ("0.0.0.0", {"token_env": "TOKEN"}, "TOKEN", False),
+        ("0.0.0.0", {"port": 9100, "host": "127.0.0.1"}, "", False),
+        ("127.0.0.1", {"port": 9100, "host": "0.0.0.0"}, "", True),
+    ],
+)
+def test_open_control_plane_on_a_non_loopback_address_warns(
+    host: str, control: dict[str, object], token: str, warns: bool
+) -> None:
+    from types import SimpleNamespace
+
+    from router.config import parse_fleet
+    from router.listeners import open_control_warning
+
+    fleet = parse_fleet(
+        {"model": "m", "engines": [{"iid": "e0", "url": "http://e0.test"}], "control": control}
+    )
+    text = open_control_warning(fleet, SimpleNamespace(host=host, port=8000))
+    assert bool(text) is warns, text
+    if warns:
+        assert text.startswith("control plane is open: /narwhal/*") and "control.token_env" in text
