@@ -57,6 +57,8 @@ class RouterOptions:
     # HA (router/ha/settings.py; None = fleet file ``ha`` / ``recovery`` value)
     resume: bool | None = None
     lease_path: str | None = None
+    etcd_endpoints: str | None = None
+    etcd_prefix: str | None = None
     router_id: str | None = None
     lease_ttl: float | None = None
     lease_renew_interval: float | None = None

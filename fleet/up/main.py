@@ -2,7 +2,8 @@
 
 Starts (each a child process in its own process group, logs in ``<state-dir>/logs``): a Temporal
 dev server (persistent, UI), the local supervisor with N simulated engines (half prefill, half
-decode), a primary and a warm-standby router on one lease file, and the restart worker. Then it
+decode), a primary and a warm-standby router on one lease file (``--etcd``: on a local etcd
+member), and the restart worker. Then it
 sends completions (streamed and buffered) to whichever router is ready, runs a rolling (or wave)
 restart through ``narwhal-restart start``, follows it, and prints a summary. With ``--failover`` it
 also SIGKILLs the primary router (by PID) once the restart's second engine has begun, so the standby
@@ -23,6 +24,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -41,7 +43,7 @@ from fleet.up.stack import MODEL, Stack, StartupError, Timings, roles, rolling_p
 from fleet.up.summary import EngineChange, Failover, Summary, Takeover
 from fleet.up.watch import RPC_TIMEOUT, HAWatcher, failover_trigger, progress_lines
 
-STOP_ORDER = ("restart-cli", "worker", "router-standby", "router-primary", "supervisor", "temporal")
+STOP_ORDER = ("restart-cli", "worker", "router-standby", "router-primary", "supervisor", "temporal", "etcd")
 
 
 def say(msg: str) -> None:
@@ -64,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="during the restart (once the second engine's step has begun) SIGKILL the primary router "
         "so the standby takes over; requests in flight on it that the kill cuts are reported as "
         "'cut by the injected router kill' and are NOT counted as failures for the exit code",
+    )
+    p.add_argument(
+        "--etcd",
+        action="store_true",
+        help="start a local etcd member (Debian: etcd-server) and run the router pair on the etcd "
+        "lease backend instead of a lease file",
     )
     p.add_argument("--restart-timeout", type=float, default=600.0, help="seconds to wait for the restart")
     p.add_argument("--traces-url", default=os.environ.get("NARWHAL_TRACES_URL", ""), help="trace UI link")
@@ -148,8 +156,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"narwhal-up: {exc}", file=sys.stderr)
         return 2
+    if args.etcd and shutil.which("etcd") is None:
+        print("narwhal-up: --etcd needs the etcd binary on PATH (Debian: apt-get install etcd-server)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     overrides = {name: getattr(args, name) for name in OFFSETS}
-    ports = plan_ports(args.base_port, args.engines, overrides)
+    ports = plan_ports(args.base_port, args.engines, overrides, with_etcd=args.etcd)
     problems = port_problems(ports)
     if problems:
         for line in problems:
@@ -160,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if lock is None:
         return 2
     try:
-        stack = Stack(state_dir, ports, timings, args.fleet_name, args.prefill)
+        stack = Stack(state_dir, ports, timings, args.fleet_name, args.prefill, etcd=args.etcd)
         return asyncio.run(supervise(stack, args))
     finally:
         lock.close()
@@ -222,6 +234,9 @@ async def up(stack: Stack, args: argparse.Namespace) -> int:
     await stack.start_temporal()
     say(f"starting supervisor {stack.supervisor_url} with {len(stack.iids)} engines ...")
     await stack.start_supervisor()
+    if stack.etcd:
+        say(f"starting etcd {stack.etcd_url} (the router pair's lease backend) ...")
+        await stack.start_etcd()
     wait = stack.stale_lease_wait()
     if wait > 0:
         say(f"a previous run's lease in {stack.lease_path} expires in {wait:.1f}s; waiting")

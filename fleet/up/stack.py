@@ -121,7 +121,9 @@ class Stack:
         fleet_name: str,
         n_prefill: int | None = None,
         sim_options: dict[str, Any] | None = None,
+        etcd: bool = False,
     ) -> None:
+        self.etcd = etcd  # the router pair leases through a local etcd member instead of a file
         self.state_dir = state_dir
         self.sim_options = dict(sim_options or {})  # extra narwhal-engine-sim options (bench/chaos.py)
         self.ports = ports
@@ -260,7 +262,7 @@ class Stack:
         return [
             venv_script("narwhal-serve"), "--fleet", str(self.state_dir / f"fleet-{name}.json"),
             "--host", HOST, "--port", str(port), "--journal", str(self.state_dir / f"journal-{name}.jsonl"),
-            "--lease-path", str(self.lease_path), "--router-id", name,
+            *self._lease_args(), "--router-id", name,
             "--lease-ttl", str(t.lease_ttl), "--lease-renew-interval", str(t.lease_renew_interval),
             "--lease-safety-margin", str(t.lease_safety_margin),
             "--standby-probe-interval", str(t.standby_probe_interval),
@@ -268,8 +270,37 @@ class Stack:
             "--graceful-timeout", "10",
         ]  # fmt: skip
 
+    @property
+    def etcd_url(self) -> str:
+        return f"http://{HOST}:{self.ports.etcd_client}"
+
+    def _lease_args(self) -> list[str]:
+        if self.etcd:
+            return ["--etcd-endpoints", self.etcd_url, "--etcd-prefix", f"/narwhal/{self.fleet_name}/"]
+        return ["--lease-path", str(self.lease_path)]
+
+    async def start_etcd(self) -> Child:
+        """One local etcd member (the demo; production runs three), fresh data dir per run."""
+        import shutil
+
+        data = self.state_dir / "etcd"
+        shutil.rmtree(data, ignore_errors=True)  # a killed run's keys would outlive it by a TTL
+        p = self.ports
+        args = [
+            shutil.which("etcd") or "etcd", "--name", "narwhal-up", "--data-dir", str(data),
+            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+            "--listen-peer-urls", f"http://{HOST}:{p.etcd_peer}",
+            "--initial-advertise-peer-urls", f"http://{HOST}:{p.etcd_peer}",
+            "--initial-cluster", f"narwhal-up=http://{HOST}:{p.etcd_peer}", "--log-level", "warn",
+        ]  # fmt: skip
+        child = self.procs.start("etcd", args, grace_s=5.0)
+        await self._wait_http(child, self.etcd_url + "/health", within_s=30.0)
+        return child
+
     def stale_lease_wait(self) -> float:
         """Seconds until a lease left by a previous (killed) run expires; 0 when there is none."""
+        if self.etcd:
+            return 0.0  # a fresh etcd data dir every run
         try:
             doc = json.loads(self.lease_path.read_text(encoding="utf-8"))
             expires = float(doc.get("expires_at", 0.0)) if doc.get("holder") else 0.0
