@@ -42,6 +42,12 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     ap.add_argument("--max-concurrency", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kv-lease-s", type=int, default=60, help="produced KV blocks expire after this")
+    ap.add_argument(
+        "--no-attestation",
+        dest="attestation",
+        action="store_false",
+        help="do not serve /v1/attestation (like stock vLLM: a narwhal-attest sidecar serves it)",
+    )
     a = ap.parse_args(argv)
     contract = dict(DEFAULT_CONTRACT)
     if a.contract_json:
@@ -66,6 +72,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         max_concurrency=a.max_concurrency,
         seed=a.seed,
         kv_lease_s=a.kv_lease_s,
+        attestation=a.attestation,
     )
 
 

@@ -21,12 +21,14 @@ def sim_binary() -> str:
 def sim_command(
     iid: str, port: int, model: str = "sim-model", host: str = "127.0.0.1", **opts: Any
 ) -> list[str]:
-    """Command line of one simulated engine; ``opts`` become flags (``itl_ms=1`` → ``--itl-ms 1``)."""
+    """Command line of one simulated engine; ``opts`` become flags (``itl_ms=1`` → ``--itl-ms 1``;
+    ``True`` → a bare flag: ``no_attestation=True`` → ``--no-attestation``)."""
     cmd = [sim_binary(), "--host", host, "--port", str(port), "--model", model, "--iid", iid]
     for key, value in opts.items():
-        if value is None:
+        if value is None or value is False:
             continue
-        cmd += ["--" + key.replace("_", "-"), str(value)]
+        flag = "--" + key.replace("_", "-")
+        cmd += [flag] if value is True else [flag, str(value)]
     return cmd
 
 

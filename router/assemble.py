@@ -39,6 +39,7 @@ from router.ops import Ops
 from router.probes import Prober
 from router.replicas import wiring as replica_wiring
 from router.serving.handler import Serving
+from router.state import StateApi
 
 
 @dataclass
@@ -107,7 +108,13 @@ def journal_path(config: FleetConfig, options: RouterOptions) -> Path:
 def build_parts(core: RouterCore, options: RouterOptions) -> RouterParts:
     cfg = core.config
     engines = EngineClient(cfg, max_connections=options.max_concurrent)
-    breaker = Breaker(core.scheduler, core.clock, cfg.recovery.eject_after, emit=core.journal.append)
+    breaker = Breaker(
+        core.scheduler,
+        core.clock,
+        cfg.recovery.eject_after,
+        emit=core.journal.append,
+        quarantine_s=cfg.recovery.failure_quarantine_s,
+    )
     prober = Prober(core, breaker, engines, interval_s=options.probe_interval)
     stats = ServingStats()
     metrics = MetricsRenderer(core, stats, breaker)
@@ -128,6 +135,7 @@ class Router:
     ha: HAService
     context: ContextLimits
     replicas: list[Component] = field(default_factory=list)  # active-active (router/replicas), or none
+    state: StateApi | None = None  # /narwhal/state + /narwhal/targets (read-only views over the rest)
     app: web.Application = field(init=False)  # built from ``components()`` by ``assemble``
 
     def components(self) -> list[Component]:
@@ -142,6 +150,7 @@ class Router:
             self.monitor,  # identity / liveness / readmission / handoff stages
             self.ha,  # lease, handoff, state file, standby (router/ha)
             *self.replicas,  # every replica serves, the lease holder controls (router/replicas)
+            *([self.state] if self.state is not None else []),  # /narwhal/state, /narwhal/targets
         ]
 
 
@@ -166,7 +175,10 @@ def assemble(config: FleetConfig, options: RouterOptions | None = None, clock: C
     parts.metrics.extra_metric_sources.append(ha.metric_lines)
     settings, endpoints = replica_wiring.settings_for(config, options, ha.settings)
     replicas = replica_wiring.replica_components(core, life.service, settings, endpoints, parts.prober)
-    router = Router(core, options, parts, life.service, life.monitor, ha, ContextLimits(core), replicas)
+    state = StateApi(core, parts.breaker, life.service, life.monitor.health)
+    router = Router(
+        core, options, parts, life.service, life.monitor, ha, ContextLimits(core), replicas, state=state
+    )
     router.app = build_app(core, router.components(), client_max_size=config.serving.max_request_bytes)
     router.app[ROUTER_KEY] = router
     install_control_auth(router.app, config)  # lifecycle: /narwhal/* bearer token (control.token_env)

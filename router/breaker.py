@@ -3,10 +3,16 @@
 No I/O and no sleeping: the caller passes evidence in, gets a :class:`Decision` back, and
 ``router/probes.py`` runs whatever probe the decision asks for, feeding the result back here.
 
-Ejection cap (Envoy's ``max_ejection_percent`` idea, narrowed to roles): the breaker never ejects or
-holds the last placement-eligible engine able to serve a role. Such a decision is reported as
-``spared`` instead, so a fleet that is failing everywhere keeps answering (with errors) rather
-than going dark.
+Ejection cap (Envoy's ``max_ejection_percent`` idea, narrowed to roles): the breaker never ejects,
+holds or quarantines an engine when that would leave a role below its floor
+(``controller.min_prefill`` / ``min_decode``, default 1: never the last placement-eligible engine
+able to serve a role; ``Scheduler.floor_breach``, the same rule the lifecycle applies to drains).
+Such an ejection is reported as ``spared`` instead, so a fleet that is failing everywhere keeps
+answering (with errors) rather than going dark.
+
+Failure quarantine (``recovery.failure_quarantine_s`` > 0): every leg failure also holds the engine
+out of placement for that long (timed, on the injected monotonic clock; a later failure extends
+it). Journal event ``engine_quarantined``; ``/narwhal/state`` shows the hold and its end.
 """
 
 from __future__ import annotations
@@ -69,10 +75,12 @@ class Breaker:
         clock: Clock,
         eject_after: int = 3,
         emit: Callable[[dict[str, Any]], None] | None = None,
+        quarantine_s: float = 0.0,
     ) -> None:
         self.scheduler = scheduler
         self.clock = clock
         self.eject_after = eject_after
+        self.quarantine_s = quarantine_s
         self.emit = emit or (lambda _row: None)
         self.streaks: dict[str, dict[str, int]] = {iid: defaultdict(int) for iid in scheduler.engines}
         self.probing: set[str] = set()  # engines with a probe in flight
@@ -81,11 +89,14 @@ class Breaker:
         self.readmissions: dict[str, int] = defaultdict(int)
         self.spared: dict[tuple[str, str], int] = defaultdict(int)
         self.probes: dict[tuple[str, str, str], int] = defaultdict(int)  # (iid, kind, outcome)
+        self.quarantines: dict[str, int] = defaultdict(int)  # iid -> quarantines started
         scheduler.on_eject.append(self._on_eject)
 
     # -- evidence ---------------------------------------------------------------------------
     def record_failure(self, iid: str, cls: FailureClass, producer: str = "") -> Decision:
         """One leg failure of class ``cls`` on ``iid``; ``producer`` = prefill engine of a decode leg."""
+        if self.quarantine_s > 0:
+            self._quarantine(iid, cls)
         streak = self.streaks.setdefault(iid, defaultdict(int))
         streak[cls] += 1
         if cls == "stream" and iid in self.scheduler.inference_suspects:
@@ -167,15 +178,19 @@ class Breaker:
         if self.scheduler.held.pop(iid, None) is not None:
             self._event("engine_hold_ended", iid)
 
+    def _quarantine(self, iid: str, cls: str) -> None:
+        sched = self.scheduler
+        if iid in sched.ejected or iid not in sched.engines or self.sole_server(iid):
+            return  # an engine the fleet cannot spare keeps serving (the floor rule)
+        fresh = iid not in sched.quarantined
+        sched.quarantine(iid, self.quarantine_s, cls)
+        if fresh:
+            self.quarantines[iid] += 1
+            self._event("engine_quarantined", iid, cause=cls, duration_s=self.quarantine_s)
+
     def sole_server(self, iid: str) -> bool:
-        """True if removing ``iid`` would leave one of the roles it can serve with no eligible engine."""
-        engine = self.scheduler.engines.get(iid)
-        if engine is None:
-            return False
-        for role in ("prefill", "decode"):
-            if engine.can_serve(role) and self.scheduler.serving_engines_for(role, without=iid) == 0:
-                return True
-        return False
+        """True if taking ``iid`` out would leave a role it can serve below its floor (spec §9.1)."""
+        return self.scheduler.floor_breach([iid]) is not None
 
     def due_for_readmission(self, interval_s: float) -> list[str]:
         """Ejected engines whose last recovery probe is at least ``interval_s`` old."""

@@ -22,6 +22,7 @@ from aiohttp import web
 from router import listeners, observability
 from router.assemble import ROUTER_KEY, RouterOptions, build_router
 from router.config import ConfigError, FleetConfig, load_fleet
+from router.config_keys import startup_report, unused_settings
 from router.connections import ConnectionGuard, GuardedSite, nofile_limit
 from router.ha import settings as ha_settings
 from router.logs import setup_logging
@@ -94,6 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"narwhal-serve: error: {exc}", file=sys.stderr)
         return 2
     setup_logging(options.log_level)  # httpx per-request lines (standby polls) only at debug
+    # once at start-up: what the fleet file sets that this router accepts but does not act on
+    log.log(
+        logging.WARNING if unused_settings(config) else logging.INFO,
+        "%s: %s",
+        ns.fleet,
+        startup_report(config),
+    )
     try:
         import uvloop
 

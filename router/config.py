@@ -1,23 +1,21 @@
 """Fleet file (`narwhal.fleet` v2) → frozen pydantic models. Every default lives here.
 
 A Narwhal 0.7.0 fleet file is accepted unchanged. Keys of subsystems this router does not
-implement (``slo``, ``profiles``, ``engine.tokenize``, role-controller settings under
-``controller``, ``serving.admission``) are accepted and reported once as unused; any other
-unknown key is an error naming the key and the file.
+implement are accepted and reported once at start-up as "accepted, not used" (the registry of
+used and unused keys is ``router/config_keys.py``); any other unknown key is an error naming the
+key and the file. Numbers must be finite (``NaN``/``Infinity`` are refused naming the key) and
+limits carry their ranges here, so a negative limit is an error too.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-log = logging.getLogger("narwhal.config")
 
 Role = Literal["prefill", "decode"]
 RestartPolicy = Literal["individual", "whole_wave"]
@@ -47,8 +45,6 @@ LEGACY_CONTRACT_NAMES = {
     "nixl_version": "transfer_version",
     "nixl_connector_version": "connector_version",
 }
-# Controller keys we implement; any other controller key is a role-controller setting (unused).
-_CONTROLLER_KEYS = {"monitor_interval_s", "monitor_failure_limit", "min_prefill", "min_decode"}
 
 
 class ConfigError(ValueError):
@@ -56,7 +52,7 @@ class ConfigError(ValueError):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class EngineSpec(_Frozen):
@@ -85,7 +81,7 @@ class EngineSettings(_Frozen):
 
 
 class ServingSettings(_Frozen):
-    model_config = ConfigDict(frozen=True, extra="allow")
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
     request_timeout_s: float = Field(default=600.0, gt=0)
     prefill_timeout_s: float = Field(default=120.0, gt=0)
     max_connections: int = Field(default=768, ge=1)
@@ -114,7 +110,7 @@ class ServingSettings(_Frozen):
 
 
 class RecoverySettings(_Frozen):
-    model_config = ConfigDict(frozen=True, extra="allow")
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
     state_path: str = "runs/state.json"
     resume: bool = False
     engine_restart_policy: RestartPolicy = "individual"
@@ -133,7 +129,7 @@ class RecoverySettings(_Frozen):
 
 
 class ControllerSettings(_Frozen):
-    model_config = ConfigDict(frozen=True, extra="allow")
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
     monitor_interval_s: float = Field(default=1.0, gt=0)
     monitor_failure_limit: int = Field(default=5, ge=1)
     min_prefill: int = Field(default=1, ge=0)
@@ -154,12 +150,12 @@ class HASettings(_Frozen):
 
     lease_path: str = ""
     router_id: str = ""
-    lease_ttl_s: float = 5.0
-    lease_renew_interval_s: float = 1.0
-    lease_safety_margin_s: float = 1.0
-    standby_probe_interval_s: float = 0.25
-    standby_takeover_after: int = 4
-    standby_max_handoff_age_s: float = 30.0
+    lease_ttl_s: float = Field(default=5.0, gt=0)
+    lease_renew_interval_s: float = Field(default=1.0, gt=0)
+    lease_safety_margin_s: float = Field(default=1.0, ge=0)
+    standby_probe_interval_s: float = Field(default=0.25, gt=0)
+    standby_takeover_after: int = Field(default=4, ge=1)
+    standby_max_handoff_age_s: float = Field(default=30.0, gt=0)
     # active-active serving (router/replicas; docs/ha.md)
     mode: Literal["active-passive", "active-active"] = Field(
         default="active-passive",
@@ -169,17 +165,20 @@ class HASettings(_Frozen):
     )
     replica_ttl_s: float = Field(
         default=2.0,
+        ge=2,
         description="Active-active: TTL of each replica's membership key (whole seconds, >= 2). A "
         "killed replica stops counting for drains and `ready_to_stop` this long after its last "
         "renewal (`--replica-ttl`).",
     )
     replica_safety_margin_s: float = Field(
         default=0.5,
+        ge=0,
         description="Active-active: a replica that cannot renew its key stops placing this long "
         "before the key can expire (`--replica-safety-margin`).",
     )
     replica_ack_timeout_s: float = Field(
         default=5.0,
+        gt=0,
         description="Active-active: how long a drain waits for every live replica to apply it "
         "before answering 503 (the hold stays; repeating the drain is the retry).",
     )
@@ -239,7 +238,7 @@ class FleetConfig(_Frozen):
     slo: dict[str, Any] | None = None  # accepted, unused
     profiles: dict[str, Any] | None = None  # accepted, unused
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     @field_validator("engine_contract", mode="before")
     @classmethod
@@ -265,6 +264,14 @@ class FleetConfig(_Frozen):
                 raise ValueError("engine_restart_policy whole_wave requires a complete engine_contract")
             if self.recovery.liveness_every <= 0:
                 raise ValueError("engine_restart_policy whole_wave requires recovery.liveness_every > 0")
+        ctl = self.controller
+        for role, floor in (("prefill", ctl.min_prefill), ("decode", ctl.min_decode)):
+            able = sum(1 for e in self.engines if e.role == role or not e.pin)
+            if floor > able:
+                raise ValueError(
+                    f"controller.min_{role} = {floor} exceeds the {able} configured engine(s) able to "
+                    f"serve {role}"
+                )
         return self
 
     @property
@@ -283,17 +290,10 @@ class FleetConfig(_Frozen):
         raise KeyError(iid)
 
     def unused_keys(self) -> list[str]:
-        """Keys accepted from the file that this router does not act on (logged once)."""
-        out = [k for k in ("slo", "profiles") if getattr(self, k) is not None]
-        if "tokenize" in self.engine.model_fields_set:
-            out.append("engine.tokenize")
-        if self.serving.admission is not None:
-            out.append("serving.admission")
-        out += [f"serving.{k}" for k in sorted(self.serving.model_extra or {})]
-        if self.recovery.health is not None:
-            out.append("recovery.health")
-        out += [f"controller.{k}" for k in sorted(self.controller.model_extra or {})]
-        return out
+        """Keys set in the file that this router accepts but does not act on (``config_keys``)."""
+        from router.config_keys import unused_settings
+
+        return [key for key, _ in unused_settings(self)]
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -334,8 +334,4 @@ def load_fleet(path: str | Path) -> FleetConfig:
         raise ConfigError(
             f"{p}: not valid {'YAML' if p.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}"
         ) from None
-    cfg = parse_fleet(data, str(p))
-    unused = cfg.unused_keys()
-    if unused:
-        log.warning("%s: keys accepted but not used by this router: %s", p, ", ".join(unused))
-    return cfg
+    return parse_fleet(data, str(p))

@@ -37,7 +37,12 @@ class RouterCore:
     demand_risk: DemandRisk = field(init=False)
 
     def __post_init__(self) -> None:
-        self.scheduler = Scheduler.from_specs(self.config.engines)
+        ctl = self.config.controller
+        self.scheduler = Scheduler.from_specs(
+            self.config.engines,
+            floors={"prefill": ctl.min_prefill, "decode": ctl.min_decode},
+            now=self.clock.monotonic,
+        )
         self.started_wall = self.clock.wall()
         self.started_mono = self.clock.monotonic()
         self.demand_risk = DemandRisk(self.clock)
@@ -95,7 +100,9 @@ class RouterCore:
         if not self.identities_ready:
             return "engine identity validation pending"
         if not self.scheduler.eligible():
-            return "no available engines"
+            excluded = self.scheduler.excluded
+            detail = "; ".join(f"{iid} {why}" for iid, why in sorted(excluded.items()))
+            return f"no available engines ({detail})" if detail else "no available engines"
         return ""
 
     def health_status(self) -> str:

@@ -127,7 +127,8 @@ class RouterCollector(Collector):
         yield InfoMetricFamily(
             "narwhal_contract", "Metrics contract served here.", value={"contract": "metrics", "version": "2"}
         )
-        for key in ("offered", "served", "cancelled", "invalid_requests", "unserved", "slo_met"):
+        # unserved / unsized_offered are not exported: never counted (router/config_keys.py)
+        for key in ("offered", "served", "cancelled", "invalid_requests", "slo_met"):
             yield CounterMetricFamily(f"narwhal_{key}_total", f"Requests counted as {key}.", value=c[key])
         yield _reasoned(
             "narwhal_failed_total", "Failed requests by reason.", FAILED_REASONS, reasons["failed"]

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from router import config  # noqa: E402
+from router import config, config_keys  # noqa: E402
 
 OUTPUT = REPO / "docs" / "configuration.md"
 
@@ -47,13 +47,11 @@ DESCRIPTIONS: dict[str, str] = {
     "engine": "Engine backend, dialect and timeouts.",
     "serving": "Client-facing limits and timeouts.",
     "recovery": "Handoff state file, breaker and automatic recovery.",
-    "controller": "Background monitor loop.",
+    "controller": "Background monitor loop and role floors.",
     "control": "Control-plane security and listener (Narwhal extension).",
     "ha": "Lease and warm-standby settings (Narwhal extension); `narwhal-serve` flags override them.",
-    "slo": "Accepted for compatibility with Narwhal 0.7.0 fleet files, not used by this router "
-    "(logged once at load).",
-    "profiles": "Accepted for compatibility with Narwhal 0.7.0 fleet files, not used by this router "
-    "(logged once at load).",
+    "slo": "Service-level objectives of Narwhal 0.7.0 (`ttft_s`, `tpot_s`).",
+    "profiles": "Engine profiles of Narwhal 0.7.0 (`path`).",
     # engines[]
     "engines[].iid": "Engine ID used in the lifecycle API, metrics and journal.",
     "engines[].url": "Engine base URL (OpenAI-compatible vLLM server); a trailing `/` is removed.",
@@ -73,7 +71,7 @@ DESCRIPTIONS: dict[str, str] = {
     "engine.decode_read_timeout_s": "Decode leg: largest allowed gap between streamed chunks.",
     "engine.engine_api_key_env": "Name of an environment variable holding the engines' API key; when "
     "set, engine requests carry `authorization: Bearer <key>`.",
-    "engine.tokenize": "Accepted, unused: exact sizing via `/tokenize` is not implemented.",
+    "engine.tokenize": "Size prompts exactly via the engine's `/tokenize`.",
     # serving
     "serving.request_timeout_s": "Overall deadline of one client request.",
     "serving.prefill_timeout_s": "Timeout of the prefill leg and of the readmission generation check.",
@@ -104,9 +102,9 @@ DESCRIPTIONS: dict[str, str] = {
     "bounds it.",
     "serving.graceful_timeout_s": "On SIGTERM: how long in-flight requests may finish before the "
     "listener closes.",
-    "serving.admission": "Accepted, unused: predictive admission is not implemented.",
-    "serving.retry_*": "Any `retry_`-prefixed key is accepted for compatibility (retry tuning of "
-    "Narwhal 0.7.0); other unknown keys are errors.",
+    "serving.admission": "Admission mode of Narwhal 0.7.0 (`predictive`).",
+    "serving.retry_*": "Any `retry_`-prefixed key (retry tuning of Narwhal 0.7.0); other unknown keys "
+    "are errors.",
     # recovery
     "recovery.state_path": "Handoff state file, written atomically by the active router and read "
     "by `--resume`.",
@@ -118,16 +116,22 @@ DESCRIPTIONS: dict[str, str] = {
     "recovery.readmit_every": "Monitor intervals between automatic recovery probes of ejected engines.",
     "recovery.liveness_every": "Monitor intervals between liveness + process-identity sweeps (0 disables).",
     "recovery.liveness_misses": "Consecutive missed liveness probes that eject an engine.",
-    "recovery.failure_quarantine_s": "How long an engine stays out of placement after a failure.",
-    "recovery.health": "Accepted, unused: drift ejection is not implemented.",
+    "recovery.failure_quarantine_s": "Timed hold after any leg failure: the engine takes no new "
+    "placement for this long (0: off); a later failure extends it. Never applied to an engine "
+    "the role floors cannot spare (`controller.min_prefill`/`min_decode`). Shown in `/narwhal/state` "
+    "(`scheduler.engines.<id>.quarantine`) and as `accepts_new: false` in the lifecycle document.",
+    "recovery.health": "Drift-ejection settings of Narwhal 0.7.0.",
     # controller
     "controller.monitor_interval_s": "Cadence of the monitor loop (liveness, recovery, handoff writes).",
     "controller.monitor_failure_limit": "Consecutive monitor passes with a failing stage (identity, "
     "liveness, readmission, handoff write) before the router is `monitoring degraded: <stage> "
     "<Class>` (`/ready` 503, new prefill placement refused) until a clean pass.",
-    "controller.min_prefill": "Fewest engines kept in the prefill role.",
-    "controller.min_decode": "Fewest engines kept in the decode role.",
-    "controller.*": "Other keys (role-controller settings of Narwhal 0.7.0) are accepted and unused.",
+    "controller.min_prefill": "Role floor: fewest placement-eligible engines able to serve prefill "
+    "(labelled prefill, or unpinned). A single-engine drain that would go below it is refused "
+    "(409 naming the role) and the breaker spares (never ejects, holds or quarantines) an engine "
+    "the floor needs. 0 disables the floor. Must not exceed the engines able to serve the role.",
+    "controller.min_decode": "Role floor for decode; same rules as `controller.min_prefill`.",
+    "controller.*": "Other keys (role-controller settings of Narwhal 0.7.0).",
     # control
     "control.token_env": "Name of an environment variable holding a bearer token required for "
     "`/narwhal/*` mutations (empty: no token).",
@@ -248,11 +252,18 @@ def _default(field: FieldInfo) -> str:
 
 def _description(path: str, field: FieldInfo) -> str:
     if field.description:
-        return field.description
-    try:
-        return DESCRIPTIONS[path]
-    except KeyError:
-        raise MissingDescription(f"no description for fleet key '{path}' (add it to DESCRIPTIONS)") from None
+        text = field.description
+    else:
+        try:
+            text = DESCRIPTIONS[path]
+        except KeyError:
+            raise MissingDescription(
+                f"no description for fleet key '{path}' (add it to DESCRIPTIONS)"
+            ) from None
+    unused = config_keys.UNUSED.get(path)
+    if unused is not None:  # router/config_keys.py: accepted without effect, reported at start-up
+        text += f" **Accepted, not used:** {unused}."
+    return text
 
 
 def _row(key: str, type_: str, default: str, description: str) -> str:
@@ -292,8 +303,11 @@ def render() -> str:
         "     run `.venv/bin/python scripts/gen_config_docs.py`. -->",
         "",
         "`narwhal-serve --fleet PATH` reads this file (JSON, or YAML for `.yaml`/`.yml`). A Narwhal "
-        "0.7.0 fleet file is accepted unchanged. Unknown keys are errors naming the key and the file, "
-        "except the accepted-but-unused keys marked below, which are logged once at start.",
+        "0.7.0 fleet file is accepted unchanged. Unknown keys are errors naming the key and the file. "
+        "Keys marked **Accepted, not used** are read and have no effect: those the file sets are "
+        "listed once at start-up (one log line, `accepted, not used: …`). Numbers must be finite "
+        "(`NaN`/`Infinity` are errors naming the key) and within the ranges shown; a bad value "
+        "makes `narwhal-serve` exit 2 with one line naming the key and the file.",
         "",
         "## Top level",
         "",

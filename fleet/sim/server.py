@@ -35,7 +35,8 @@ class SimServer:
         r.add_get("/version", self.version)
         r.add_get("/metrics", self.metrics)
         r.add_get("/v1/models", self.models)
-        r.add_get("/v1/attestation", self.attestation)
+        if self.state.cfg.attestation:
+            r.add_get("/v1/attestation", self.attestation)
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_post("/tokenize", self.tokenize)

@@ -50,9 +50,24 @@ def parse_process_start(text: str) -> float:
         raise EngineAnswerError(str(exc)) from None
 
 
+def _refusal_reason(resp: httpx.Response) -> str:
+    """The message of an error body (``{"error": {"message": ...}}`` or ``{"error": "..."}``), if any."""
+    try:
+        doc = orjson.loads(resp.content)
+    except orjson.JSONDecodeError:
+        return ""
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(err, dict):
+        err = err.get("message")
+    return str(err)[:300] if isinstance(err, str) and err else ""
+
+
 def _json(resp: httpx.Response, what: str) -> Any:
     if resp.status_code != 200:
-        raise EngineAnswerError(f"{what} answered HTTP {resp.status_code}")
+        reason = _refusal_reason(resp)
+        raise EngineAnswerError(
+            f"{what} answered HTTP {resp.status_code}" + (f": {reason}" if reason else "")
+        )
     try:
         return orjson.loads(resp.content)
     except orjson.JSONDecodeError:

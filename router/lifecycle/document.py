@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 
 from router.core import RouterCore
 from router.lifecycle.machine import LifecycleMachine
-from router.lifecycle.models import LifecycleState
+from router.lifecycle.models import DrainRecord, LifecycleState
 from router.replicas.view import ReplicaPicture, ReplicasSection
 
 SCHEMA = "narwhal.lifecycle"
@@ -110,8 +110,15 @@ def engine_view(
         old_process_start=rec.old_process_start if rec is not None else None,
         new_process_start=rec.new_process_start if rec is not None else None,
         checks=list(rec.checks) if rec is not None else [],
-        error=rec.error if rec is not None else "",
+        error=_error(rec, sched.excluded.get(iid, "")),
     )
+
+
+def _error(rec: DrainRecord | None, excluded: str) -> str:
+    """The record's error; for an engine without a hold, why it is excluded from placement."""
+    if rec is not None and (rec.state != "active" or rec.error):
+        return rec.error
+    return excluded
 
 
 def build_document(

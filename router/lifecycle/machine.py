@@ -21,7 +21,7 @@ from router.clock import Clock
 from router.config import FleetConfig
 from router.lifecycle.models import MAX_EVENTS, DrainRecord, LifecycleSection
 from router.lifecycle.restore import checked_section
-from router.scheduler import Scheduler
+from router.scheduler import FloorBreach, Scheduler
 
 HOLD_STATES = frozenset({"draining", "drained", "deadline_exceeded", "validating", "blocked"})
 INTERRUPTED = "readmission validation was interrupted by router replacement"
@@ -32,6 +32,14 @@ Event = dict[str, Any]
 
 class LifecycleError(ValueError):
     """A lifecycle request the current state does not allow (HTTP 409), or a malformed restore."""
+
+
+def floor_message(targets: list[str], breach: FloorBreach) -> str:
+    """409 text for a drain that would take a role below ``controller.min_<role>``."""
+    return (
+        f"draining {', '.join(targets)} would leave {breach.remaining} engine(s) able to serve the "
+        f"{breach.role} role, below controller.min_{breach.role} = {breach.floor}"
+    )
 
 
 def new_wave_id() -> str:
@@ -170,6 +178,9 @@ class LifecycleMachine:
             others = [e for e in self.scheduler.eligible() if e.iid not in targets]
             if not others:
                 raise LifecycleError("the last schedulable engine requires a whole-wave drain")
+            breach = self.scheduler.floor_breach(targets)
+            if breach is not None:
+                raise LifecycleError(floor_message(targets, breach))
         wave_id = self._wave_ids() if wave else ""
         now, mono = self.clock.wall(), self.clock.monotonic()
         for iid in targets:
@@ -184,6 +195,7 @@ class LifecycleMachine:
             )
             self._deadline_mono[iid] = mono + deadline_s
             self.scheduler.draining.add(iid)
+            self.scheduler.quarantined.pop(iid, None)  # the drain replaces a timed failure hold
             self.emit("drain_started", iid=iid, wave_id=wave_id)
         if wave:
             self._set_wave(wave_id, f"whole-wave drain {wave_id}")

@@ -34,6 +34,7 @@ from typing import Any
 from router.attestation import verify_attestation
 from router.core import RouterCore
 from router.engines.identity import same_process
+from router.lifecycle.served_model import check_served_models
 from router.lifecycle.service import LifecycleService
 from router.probes import Prober
 
@@ -102,8 +103,7 @@ class LifecycleMonitor:
         self.health = MonitorHealth(cfg.controller.monitor_failure_limit)
         self._task: asyncio.Task[None] | None = None
         self.stages: list[tuple[str, Stage]] = []  # run after the built-in stages, in order
-        if self.contracted:
-            core.identities_ready = False  # /ready waits for the startup identity check
+        core.identities_ready = False  # /ready waits for the startup identity + model check
 
     # -- component protocol -----------------------------------------------------------------
     def add_routes(self, app: Any) -> None:
@@ -187,8 +187,16 @@ class LifecycleMonitor:
 
     # -- identities (spec §7.2) -------------------------------------------------------------
     async def check_identities(self, engines: list[str] | None = None) -> None:
-        """Compare live process starts with the accepted ones; record first sightings."""
+        """Compare live process starts with the accepted ones; record first sightings.
+
+        Also checks that each engine lists the configured model (``served_model``): an engine
+        that does not is held out of placement with the reason until it does.
+        """
         targets = engines if engines is not None else self.core.config.engine_ids
+        core = self.core
+        await check_served_models(
+            self.control, core.scheduler, core.config.model, targets, core.clock, core.journal.append
+        )
         results = await asyncio.gather(*(self._live_start(i) for i in targets))
         for iid, (start, problem) in zip(targets, results, strict=True):
             if not self.core.controls_fleet():

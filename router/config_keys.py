@@ -1,0 +1,145 @@
+"""What the router does with every fleet-file key: the registry the configuration tests read.
+
+Every key of the configuration model (``router/config.py``) is in exactly one of:
+
+* ``USED`` — key → the module that acts on it (a test checks the module mentions the key's name);
+* ``UNUSED`` — key → why it is accepted without effect. Such keys are listed once at start-up as
+  "accepted, not used" when the fleet file sets them, and marked so in ``docs/configuration.md``
+  (``scripts/gen_config_docs.py`` reads this registry).
+
+Wildcards stand for the extra keys a section accepts (``serving.retry_*``, ``controller.*``).
+Adding a key to ``router/config.py`` means adding one line here; ``tests/unit/test_config_keys.py``
+walks the model and fails for a key that is in neither (or in both). Moving a key from ``UNUSED`` to
+``USED`` is the last step of implementing it.
+
+``ALWAYS_ZERO_COUNTERS`` are handoff/state counters kept for wire compatibility with Narwhal 0.7.0
+that this router never increments; they are not exported in ``/metrics`` and are named in the
+start-up line too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+USED: dict[str, str] = {
+    "schema": "router/config.py",
+    "schema_version": "router/config.py",
+    "model": "router/serving/handler.py",
+    "engines[].iid": "router/scheduler.py",
+    "engines[].url": "router/scheduler.py",
+    "engines[].role": "router/scheduler.py",
+    "engines[].pin": "router/scheduler.py",
+    "engines[].attestation_url": "router/engines/control.py",
+    "engine_contract": "router/lifecycle/readmission.py",
+    "engine.backend": "router/config.py",  # only "vllm" is accepted: the one implemented backend
+    "engine.connector": "router/config.py",  # only "nixl"
+    "engine.dialect": "router/config.py",  # only "vllm"
+    "engine.health_timeout_s": "router/engines/control.py",
+    "engine.first_token_timeout_s": "router/serving/handler.py",
+    "engine.decode_read_timeout_s": "router/engines/legs.py",
+    "engine.engine_api_key_env": "router/engines/legs.py",
+    "serving.request_timeout_s": "router/serving/handler.py",
+    "serving.prefill_timeout_s": "router/engines/legs.py",
+    "serving.max_connections": "router/serving/handler.py",
+    "serving.max_attempts": "router/serving/handler.py",
+    "serving.queue_capacity": "router/serving/handler.py",
+    "serving.queue_timeout_s": "router/serving/handler.py",
+    "serving.max_request_bytes": "router/serving/handler.py",
+    "serving.graceful_timeout_s": "router/cli.py",
+    "serving.max_tokens_limit": "router/context_limits.py",
+    "serving.max_client_connections": "router/connections.py",
+    "serving.header_timeout_s": "router/connections.py",
+    "serving.idle_timeout_s": "router/connections.py",
+    "serving.fd_reserve": "router/connections.py",
+    "recovery.state_path": "router/ha/settings.py",
+    "recovery.resume": "router/ha/settings.py",
+    "recovery.engine_restart_policy": "router/lifecycle/machine.py",
+    "recovery.eject_after": "router/assemble.py",
+    "recovery.readmit_every": "router/probes.py",
+    "recovery.liveness_every": "router/lifecycle/monitor.py",
+    "recovery.liveness_misses": "router/lifecycle/monitor.py",
+    "recovery.failure_quarantine_s": "router/assemble.py",
+    "controller.monitor_interval_s": "router/lifecycle/monitor.py",
+    "controller.monitor_failure_limit": "router/lifecycle/monitor.py",
+    "controller.min_prefill": "router/core.py",
+    "controller.min_decode": "router/core.py",
+    "control.token_env": "router/lifecycle/auth.py",
+    "control.protect_reads": "router/lifecycle/auth.py",
+    "control.host": "router/listeners.py",
+    "control.port": "router/listeners.py",
+    "ha.lease_path": "router/ha/settings.py",
+    "ha.router_id": "router/ha/settings.py",
+    "ha.lease_ttl_s": "router/ha/settings.py",
+    "ha.lease_renew_interval_s": "router/ha/settings.py",
+    "ha.lease_safety_margin_s": "router/ha/settings.py",
+    "ha.standby_probe_interval_s": "router/ha/settings.py",
+    "ha.standby_takeover_after": "router/ha/settings.py",
+    "ha.standby_max_handoff_age_s": "router/ha/settings.py",
+    "ha.mode": "router/replicas/settings.py",
+    "ha.replica_ttl_s": "router/replicas/settings.py",
+    "ha.replica_safety_margin_s": "router/replicas/settings.py",
+    "ha.replica_ack_timeout_s": "router/replicas/settings.py",
+    "ha.advertise_url": "router/replicas/settings.py",
+}
+
+UNUSED: dict[str, str] = {
+    "engines[].shared_device": "device sharing is not modelled: placement and the breaker treat "
+    "every engine as its own device",
+    "engine.tokenize": "exact prompt sizing via /tokenize is not implemented",
+    "serving.max_response_bytes": "engine responses are not size-limited yet",
+    "serving.admission": "predictive admission is not implemented",
+    "serving.retry_*": "retry tuning of Narwhal 0.7.0 is not implemented; serving.max_attempts is",
+    "recovery.health": "drift ejection is not implemented",
+    "controller.*": "the role controller is not implemented",
+    "slo": "SLO accounting (slo_met) and SLO-aware placement are not implemented",
+    "profiles": "engine profiling is not implemented; profiles.path only places the default journal",
+}
+
+ALWAYS_ZERO_COUNTERS: dict[str, str] = {
+    "unserved": "no SLO-aware placement",
+    "unsized_offered": "no request sizing",
+}
+
+
+def _wildcard(prefix: str) -> str | None:
+    for key in UNUSED:
+        if key.endswith("*") and key.startswith(prefix):
+            return key
+    return None
+
+
+def _walk_set(model: BaseModel, prefix: str, out: dict[str, str]) -> None:
+    fields = type(model).model_fields
+    for name in sorted(n for n in model.model_fields_set if n in fields):
+        field = fields[name]
+        key = f"{prefix}{field.alias or name}"
+        value = getattr(model, name)
+        if key in UNUSED:
+            if value is not None:
+                out.setdefault(key, UNUSED[key])
+        elif isinstance(value, BaseModel):
+            _walk_set(value, f"{key}.", out)
+        elif isinstance(value, tuple) and value and all(isinstance(v, BaseModel) for v in value):
+            for item in value:
+                _walk_set(item, f"{key}[].", out)
+    for extra in sorted(model.model_extra or {}):
+        wildcard = _wildcard(prefix)
+        if wildcard is not None:
+            out.setdefault(f"{prefix}{extra}", UNUSED[wildcard])
+
+
+def unused_settings(config: Any) -> list[tuple[str, str]]:
+    """(key, reason) for every key the fleet file sets that the router accepts without effect."""
+    out: dict[str, str] = {}
+    _walk_set(config, "", out)
+    return sorted(out.items())
+
+
+def startup_report(config: Any) -> str:
+    """The one start-up line naming what is accepted but not used ("" when nothing is)."""
+    parts = [f"{key} ({reason})" for key, reason in unused_settings(config)]
+    counters = ", ".join(f"{name} ({why})" for name, why in ALWAYS_ZERO_COUNTERS.items())
+    line = f"accepted, not used: {'; '.join(parts)}" if parts else ""
+    return f"{line}{'. ' if line else ''}counters not implemented (always 0, not in /metrics): {counters}"
