@@ -126,7 +126,10 @@ def free_plan(n_engines: int) -> Ports:
         base = free_port()
         if all(port_free(base + i) for i in range(n_engines)):
             break
-    names = ("temporal", "temporal_http", "temporal_metrics", "ui", "supervisor", "router", "standby")
+    names = (
+        "temporal", "temporal_http", "temporal_metrics", "ui", "supervisor", "router", "standby",
+        "etcd_client", "etcd_peer",
+    )  # fmt: skip
     return Ports(engines=n_engines, engine_base=base, **{name: free_port() for name in names})
 
 
