@@ -53,7 +53,10 @@ def kill_worker() -> None:
 
 
 if later:
+    deadline = time.monotonic() + 600  # bounded: a failed test must not leave this behind
     while not (work / f"gate-{iid}").exists():
+        if time.monotonic() > deadline or not work.exists():
+            sys.exit(1)
         time.sleep(0.05)
     restart()
     sys.exit(0)
@@ -128,6 +131,15 @@ class MetricsGate:
             self.server.server_close()
 
 
+@contextmanager
+def _gate_opened_at_exit(gate: Path) -> Iterator[None]:
+    """Whatever happens, release the background e3 restart (it runs in its own session)."""
+    try:
+        yield
+    finally:
+        gate.write_text("open")
+
+
 class Workers:
     """Worker processes on one task queue; the current one's PID is in ``worker.pid``."""
 
@@ -163,7 +175,7 @@ async def test_kill_9_of_the_worker_at_every_point_of_a_command_restart_restarts
     (work / "modes.json").write_text(json.dumps(MODES))
     queue = f"once-{new_fleet('q')}"
     fleet = new_fleet("once")
-    with proc_group(tmp_path) as group:
+    with proc_group(tmp_path) as group, _gate_opened_at_exit(work / "gate-e3"):
         s = start_stack(group, tmp_path, n=4)
         (work / "supervisor").write_text(s.supervisor)
         before = {sim.iid: process_start(sim.url) for sim in s.sims}
