@@ -73,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="start a local etcd member (Debian: etcd-server) and run the router pair on the etcd "
         "lease backend instead of a lease file",
     )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --etcd: N active-active router replicas (all serve, the lease holder controls) "
+        "instead of the primary/standby pair; the load is spread over them",
+    )
     p.add_argument("--restart-timeout", type=float, default=600.0, help="seconds to wait for the restart")
     p.add_argument("--traces-url", default=os.environ.get("NARWHAL_TRACES_URL", ""), help="trace UI link")
     g = p.add_argument_group("ports (default: well-known ports, or --base-port + offset)")
@@ -160,8 +168,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("narwhal-up: --etcd needs the etcd binary on PATH (Debian: apt-get install etcd-server)",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.replicas and (args.replicas < 2 or not args.etcd):
+        print("narwhal-up: --replicas N needs N >= 2 and --etcd (active-active runs on the etcd backend)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.replicas and args.failover:
+        print("narwhal-up: --failover kills the primary of the router pair; it does not combine with "
+              "--replicas", file=sys.stderr)  # fmt: skip
+        return 2
     overrides = {name: getattr(args, name) for name in OFFSETS}
-    ports = plan_ports(args.base_port, args.engines, overrides, with_etcd=args.etcd)
+    ports = plan_ports(args.base_port, args.engines, overrides, with_etcd=args.etcd, replicas=args.replicas)
     problems = port_problems(ports)
     if problems:
         for line in problems:
@@ -172,7 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if lock is None:
         return 2
     try:
-        stack = Stack(state_dir, ports, timings, args.fleet_name, args.prefill, etcd=args.etcd)
+        stack = Stack(
+            state_dir, ports, timings, args.fleet_name, args.prefill, etcd=args.etcd, replicas=args.replicas
+        )
         return asyncio.run(supervise(stack, args))
     finally:
         lock.close()
@@ -218,7 +236,8 @@ async def shutdown(stack: Stack) -> None:
         await stack.load.stop()
     if stack.watcher is not None:
         await stack.watcher.stop()
-    await stack.procs.stop_all(STOP_ORDER)
+    replicas = tuple(f"router-{name}" for name in stack.routers) if stack.replicas else ()
+    await stack.procs.stop_all((*STOP_ORDER[:2], *replicas, *STOP_ORDER[2:]))
     left = [f"{n} (pid {c.pid})" for n, c in stack.procs.children.items() if c.alive()]
     if left:
         say("could not stop: " + ", ".join(left))
@@ -241,8 +260,14 @@ async def up(stack: Stack, args: argparse.Namespace) -> int:
     if wait > 0:
         say(f"a previous run's lease in {stack.lease_path} expires in {wait:.1f}s; waiting")
         await asyncio.sleep(wait + 0.1)
-    say(f"starting routers: primary {stack.primary_url}, standby {stack.standby_url} ...")
-    await stack.start_routers()
+    if stack.replicas:
+        say(
+            f"starting {stack.replicas} active-active router replicas: {', '.join(stack.routers.values())} ..."
+        )
+        await stack.start_replicas()
+    else:
+        say(f"starting routers: primary {stack.primary_url}, standby {stack.standby_url} ...")
+        await stack.start_routers()
     watcher = HAWatcher(stack.routers, on_takeover=_announce_takeover)
     stack.watcher = watcher
     async with httpx.AsyncClient() as http:
@@ -253,7 +278,7 @@ async def up(stack: Stack, args: argparse.Namespace) -> int:
     if args.load_concurrency > 0:
         load = LoadGenerator(
             list(stack.routers.values()), MODEL, concurrency=args.load_concurrency,
-            max_tokens=stack.t.max_tokens, think_s=stack.t.think_s,
+            max_tokens=stack.t.max_tokens, think_s=stack.t.think_s, spread=bool(stack.replicas),
         )  # fmt: skip
         stack.load = load
         await load.start()
@@ -316,8 +341,17 @@ def _print_ready(stack: Stack, args: argparse.Namespace, took: float) -> None:
         f"stack is up in {took:.1f}s",
         f"  Temporal    {stack.temporal_address}   UI {stack.ui_url}",
         f"  supervisor  {stack.supervisor_url}   engines: {engines}",
-        f"  router      {stack.primary_url}   primary (lease {stack.lease_path.name}, epoch {epoch})",
-        f"  standby     {stack.standby_url}   warm standby of the primary",
+        *(
+            [
+                f"  replicas    {', '.join(stack.routers.values())}   active-active, every one serves "
+                f"(epoch {epoch}); the load is spread over them"
+            ]
+            if stack.replicas
+            else [
+                f"  router      {stack.primary_url}   primary (lease {stack.lease_path.name}, epoch {epoch})",
+                f"  standby     {stack.standby_url}   warm standby of the primary",
+            ]
+        ),
         "  worker      task queue narwhal-restart",
         f"  load        {args.load_concurrency} concurrent clients, streamed + buffered completions",
         *(

@@ -40,6 +40,12 @@ class Ports:
     engine_base: int
     engines: int  # how many engine ports, starting at engine_base
     with_etcd: bool = False  # the etcd ports are part of the plan only with --etcd
+    replicas: int = 0  # --replicas N: router, standby, then router + 50 + k for replica k >= 2
+
+    def replica_ports(self) -> list[int]:
+        return [self.router, self.standby, *(self.router + 50 + k for k in range(2, self.replicas))][
+            : self.replicas
+        ]
 
     def engine_ports(self) -> list[int]:
         return [self.engine_base + i for i in range(self.engines)]
@@ -51,18 +57,23 @@ class Ports:
         if not self.with_etcd:
             out = [o for o in out if o[0] not in ("etcd_client", "etcd_peer")]
         out += [(f"engine e{i}", p, "--engine-base-port") for i, p in enumerate(self.engine_ports())]
+        out += [(f"replica {k}", p, "--router-port") for k, p in enumerate(self.replica_ports()) if k >= 2]
         return out
 
 
 def plan_ports(
-    base: int | None, engines: int, overrides: dict[str, int | None], with_etcd: bool = False
+    base: int | None,
+    engines: int,
+    overrides: dict[str, int | None],
+    with_etcd: bool = False,
+    replicas: int = 0,
 ) -> Ports:
     """Defaults, or ``base + offset``; ``overrides`` (field -> port or None) win."""
     values: dict[str, int] = {}
     for name, (default, offset, _flag) in OFFSETS.items():
         chosen = overrides.get(name)
         values[name] = chosen if chosen is not None else (default if base is None else base + offset)
-    return Ports(engines=engines, with_etcd=with_etcd, **values)
+    return Ports(engines=engines, with_etcd=with_etcd, replicas=replicas, **values)
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:

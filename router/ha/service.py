@@ -116,6 +116,9 @@ class HAService:
         self.lifecycle = lifecycle
         self.monitor = monitor
         self.handover = Handover(core, lifecycle, breaker)
+        # active-active (router/replicas): a claim after another holder adopts only the lifecycle
+        # (counters and breaker evidence stay each replica's own); None = the whole handoff
+        self.adopt: Callable[[Handoff], tuple[bool, str]] | None = None
         # the configured backend (router/ha/lease_backend.py): file lease, etcd, or none
         built_lease, built_shared, self.etcd_client = build_backend(settings, core.clock)
         self.lease: ControlLease | None = as_control_lease(lease) if lease is not None else built_lease
@@ -196,7 +199,7 @@ class HAService:
                 return ""
         elif found.doc is None or found.doc.epoch <= previous_epoch:
             return ""
-        applied, why = self.handover.apply(found.doc)
+        applied, why = (self.adopt or self.handover.apply)(found.doc)
         if not applied:
             return f"lease claimed again, but the newer handoff was not applied: {why}"
         log.warning("lease claimed again: %s", why)
