@@ -17,6 +17,7 @@ UNAUTHORIZED = "Unauthorized"  # control token missing or refused (non-retryable
 ENGINE_NOT_FOUND = "EngineNotFound"  # the supervisor does not know the engine (non-retryable)
 SUPERVISOR_UNAVAILABLE = "SupervisorUnavailable"  # supervisor API unreachable (retryable)
 RESTART_COMMAND_FAILED = "RestartCommandFailed"  # the command backend exited non-zero (non-retryable)
+LAUNCH_NOT_RECORDED = "LaunchNotRecorded"  # the launch could not be reported: nothing ran (retry)
 
 NON_RETRYABLE: tuple[str, ...] = (
     VALIDATION_FAILED,

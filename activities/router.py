@@ -24,6 +24,13 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import errors
+from activities.documents import (
+    DocumentError,
+    LifecycleDocument,
+    LifecycleEngine,
+    handoff_roles,
+    lifecycle_document,
+)
 from activities.heartbeat import heartbeating
 from workflows.models import (
     ConfirmRequest,
@@ -44,38 +51,32 @@ ALREADY_ACTIVE = "lifecycle action already active"
 HELD_STATES = frozenset({"draining", "drained", "deadline_exceeded"})
 
 
-def parse_lifecycle(doc: Mapping[str, Any], router_url: str = "") -> FleetView:
-    """`narwhal.lifecycle` v1 → ``FleetView`` (the fields the workflows use)."""
-    if doc.get("schema") != "narwhal.lifecycle" or doc.get("schema_version") != 1:
-        raise errors.router_unavailable(f"{router_url}: not a narwhal.lifecycle v1 document")
-    engines: dict[str, EngineView] = {}
-    for iid, e in (doc.get("engines") or {}).items():
-        resident = e.get("resident") or {}
-        engines[iid] = EngineView(
-            state=str(e.get("state", "")),
-            draining=bool(e.get("draining", False)),
-            accepts_new=bool(e.get("accepts_new", False)),
-            ready_to_stop=bool(e.get("ready_to_stop", False)),
-            resident=int(resident.get("prefill", 0)) + int(resident.get("decode", 0)),
-            old_process_start=e.get("old_process_start"),
-            new_process_start=e.get("new_process_start"),
-            restart_required=bool(e.get("restart_required", False)),
-            wave_id=str(e.get("wave_id", "")),
-            checks=list(e.get("checks") or []),
-            error=str(e.get("error", "")),
-        )
-    router = doc.get("router") or {}
-    wave = doc.get("wave") or {}
+def parse_lifecycle(doc: object, router_url: str = "") -> FleetView:
+    """`narwhal.lifecycle` v1 → ``FleetView`` (the fields the workflows use). A document without
+    them is a retryable ``RouterUnavailable`` naming the missing or malformed field."""
+    try:
+        d = lifecycle_document(doc, router_url)
+    except DocumentError as exc:
+        raise errors.router_unavailable(str(exc)) from None
+    return view_of(d, router_url)
+
+
+def view_of(d: LifecycleDocument, router_url: str) -> FleetView:
+    engines = {iid: _engine_view(e) for iid, e in d.engines.items()}
     return FleetView(
-        router_url=router_url,
-        controls_fleet=bool(router.get("controls_fleet", False)),
-        ready=bool(router.get("ready", False)),
-        wave_id=str(wave.get("id", "")),
-        wave_active=bool(wave.get("active", False)),
-        wave_ready_to_stop=bool(wave.get("ready_to_stop", False)),
-        engine_restart_policy=str(doc.get("engine_restart_policy", "individual")),
-        engines=engines,
-    )
+        router_url=router_url, controls_fleet=d.router.controls_fleet, ready=d.router.ready,
+        wave_id=d.wave.id, wave_active=d.wave.active, wave_ready_to_stop=d.wave.ready_to_stop,
+        engine_restart_policy=d.engine_restart_policy, engines=engines,
+    )  # fmt: skip
+
+
+def _engine_view(e: LifecycleEngine) -> EngineView:
+    return EngineView(
+        state=e.state, draining=e.draining, accepts_new=e.accepts_new, ready_to_stop=e.ready_to_stop,
+        resident=e.resident.prefill + e.resident.decode, old_process_start=e.old_process_start,
+        new_process_start=e.new_process_start, restart_required=e.restart_required,
+        wave_id=e.wave_id, checks=list(e.checks), error=e.error,
+    )  # fmt: skip
 
 
 def holder_hint(body: Any) -> str:
@@ -139,7 +140,11 @@ class LifecycleClient:
             if status != 200 or not isinstance(body, dict):
                 seen.append(f"{url}: HTTP {status}")
                 continue
-            view = parse_lifecycle(body, url)
+            try:
+                view = view_of(lifecycle_document(body, url), url)
+            except DocumentError as exc:
+                seen.append(str(exc))
+                continue
             if view.controls_fleet:
                 self._holder[tuple(ref.routers)] = url
                 return view
@@ -171,15 +176,20 @@ class LifecycleClient:
     async def get_ready(self, ref: RouterRef, url: str) -> tuple[int, Any]:
         return await self._request(ref, "GET", f"{url}/ready")
 
-    async def roles_and_model(self, ref: RouterRef, url: str) -> tuple[dict[str, str], str]:
+    async def roles_and_model(self, ref: RouterRef, url: str) -> tuple[dict[str, str], str, str]:
+        """(roles, model, problem): ``problem`` non-empty when the handoff could not be read — the
+        rolling plan then refuses to pick engines (role safety fails closed)."""
         try:
             status, body = await self._request(ref, "GET", f"{url}/narwhal/handoff")
-        except httpx.HTTPError:
-            return {}, ""
-        if status != 200 or not isinstance(body, dict):
-            return {}, ""
-        roles = body.get("roles") or {}
-        return {str(k): str(v) for k, v in roles.items()}, str(body.get("model", ""))
+        except httpx.HTTPError as exc:
+            return {}, "", f"{url}/narwhal/handoff: {type(exc).__name__}"
+        if status != 200:
+            return {}, "", f"{url}/narwhal/handoff answered HTTP {status}"
+        try:
+            h = handoff_roles(body, f"{url}/narwhal/handoff")
+        except DocumentError as exc:
+            return {}, "", str(exc)
+        return dict(h.roles), h.model, ""
 
 
 def _view(doc: Any, url: str) -> FleetView | None:
@@ -201,8 +211,8 @@ class LifecycleActivities:
     @activity.defn(name="read_fleet")
     async def read_fleet(self, ref: RouterRef) -> FleetView:
         view = await self.client.find_holder(ref)
-        roles, model = await self.client.roles_and_model(ref, view.router_url)
-        return view.model_copy(update={"roles": roles, "model": model})
+        roles, model, problem = await self.client.roles_and_model(ref, view.router_url)
+        return view.model_copy(update={"roles": roles, "model": model, "roles_error": problem})
 
     @activity.defn(name="drain")
     async def drain(self, req: DrainRequest) -> DrainOutcome:

@@ -6,9 +6,13 @@ Backends, chosen per workflow by ``SupervisorRef.backend``:
   process start the router recorded at drain, so a retried activity never restarts twice (the
   supervisor refuses when the engine already runs another process).
 - ``command``: a shell template (``systemctl restart vllm@{iid}``; ``{iid}`` and ``{url}`` are
-  substituted, shell-quoted). Guarded the same way: the engine's live process start is read first
-  and the command only runs while the engine still serves the drain-recorded process; the
-  heartbeat remembers that the command was issued, so a retry after a crash waits instead.
+  substituted, shell-quoted), run in its own session with its output in a temporary file (its exit
+  is what counts). Guarded the same way: the engine's live process start is read first and the
+  command only runs while the engine still serves the drain-recorded process.
+
+Exactly once (both backends): the workflow probes first (``probe_process``) and runs
+``restart_engine`` with one attempt; the activity signals ``launch_started`` to its workflow before
+it launches, so the workflow knows after a lost attempt whether a launch may have happened.
 - ``manual``: does nothing; the workflow waits for the newer process and tells the operator.
 """
 
@@ -16,15 +20,27 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import tempfile
+import time
+from datetime import timedelta
 
 import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from activities import errors
 from activities.heartbeat import heartbeating
 from router.engines.identity import newer_process, process_start_or_none, same_process
-from workflows.models import EngineTarget, NewProcess, RestartOutcome, StartEngineRequest, SupervisorRef
+from workflows.models import (
+    EngineTarget,
+    LaunchReport,
+    NewProcess,
+    ProcessProbe,
+    RestartOutcome,
+    StartEngineRequest,
+    SupervisorRef,
+)
 
 
 def parse_process_start(metrics_text: str) -> float | None:
@@ -65,6 +81,13 @@ class SupervisorActivities:
             return None
         return parse_process_start(r.text) if r.status_code == 200 else None
 
+    @activity.defn(name="probe_process")
+    async def probe_process(self, target: EngineTarget) -> ProcessProbe:
+        """Which process does the engine run now? (Before a launch: skip it when already newer.)"""
+        url = await self.engine_url(target.iid, target.url, target.supervisor)
+        live = await heartbeating(self.live_process_start(url))
+        return ProcessProbe(iid=target.iid, url=url, process_start=live)
+
     @activity.defn(name="wait_new_process")
     async def wait_new_process(self, target: EngineTarget) -> NewProcess:
         """Poll-by-retry: succeeds once the engine serves a process newer than the drain record."""
@@ -88,8 +111,29 @@ class SupervisorActivities:
                 note=f"manual backend: restart {target.iid} yourself; waiting for a newer process start",
             )
         if sup.backend == "local":
+            await self._report_launch(target, f"supervisor restart {target.iid}")
             return await self._restart_local(target)
         return await self._restart_command(target)
+
+    async def _report_launch(self, target: EngineTarget, what: str) -> None:
+        """Durable record of the launch before anything runs: a signal to the workflow (in its
+        history once this returns). Fails retryably (nothing launched) when Temporal is unreachable."""
+        if target.launch <= 0:
+            return  # a workflow from before exactly-once launches
+        info = activity.info()
+        if not info.workflow_id:
+            raise ApplicationError(
+                "restart_engine runs only inside a workflow", type=errors.LAUNCH_NOT_RECORDED
+            )
+        report = LaunchReport(iid=target.iid, launch=target.launch, at=time.time(), what=what)
+        try:
+            handle = activity.client().get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
+            await handle.signal("launch_started", report, rpc_timeout=timedelta(seconds=10))
+        except (RPCError, RuntimeError) as exc:
+            raise ApplicationError(
+                f"could not record the launch of {target.iid} ({exc}); nothing was launched",
+                type=errors.LAUNCH_NOT_RECORDED,
+            ) from exc
 
     async def _restart_local(self, target: EngineTarget) -> RestartOutcome:
         sup = target.supervisor
@@ -137,25 +181,32 @@ class SupervisorActivities:
         if live is None and issued:
             raise errors.not_ready_yet(f"{target.iid}: restart command issued, engine not answering yet")
         command = render_command(sup.command, target.iid, url)
+        await self._report_launch(target, command)
         activity.heartbeat({"command_issued": True, "command": command})
-        proc = await asyncio.create_subprocess_shell(
-            command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-        )
-        communicate = asyncio.ensure_future(proc.communicate())
-        try:
-            async with asyncio.timeout(sup.command_timeout_s):
-                while not communicate.done():
-                    await asyncio.wait([communicate], timeout=1.0)
-                    activity.heartbeat({"command_issued": True, "command": command})
-        except TimeoutError:
-            proc.kill()
-            await communicate
-            raise ApplicationError(
-                f"{command!r} timed out after {sup.command_timeout_s}s",
-                type=errors.RESTART_COMMAND_FAILED,
-                non_retryable=True,
-            ) from None
-        out, _ = communicate.result()
+        # Its own session: a worker that dies mid-command does not take the restart down with it.
+        # Output goes to a temporary file, not a pipe: a daemon the command starts may keep a pipe
+        # open forever, and it is the command's exit that counts.
+        with tempfile.TemporaryFile() as log:
+            proc = await asyncio.create_subprocess_shell(
+                command, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
+            try:
+                async with asyncio.timeout(sup.command_timeout_s):
+                    while proc.returncode is None:
+                        try:
+                            await asyncio.wait_for(proc.wait(), timeout=1.0)
+                        except TimeoutError:
+                            activity.heartbeat({"command_issued": True, "command": command})
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+                raise ApplicationError(
+                    f"{command!r} timed out after {sup.command_timeout_s}s",
+                    type=errors.RESTART_COMMAND_FAILED,
+                    non_retryable=True,
+                ) from None
+            log.seek(max(0, log.seek(0, 2) - 500))
+            out = log.read()
         if proc.returncode != 0:
             tail = (out or b"").decode(errors="replace")[-500:]
             raise ApplicationError(

@@ -9,7 +9,8 @@ event per line; the file name is the workflow id, which ``to_json`` leaves out).
 Re-record only on purpose: the committed files are the histories that *old* workers wrote, and
 replaying them against the current workflow code is what catches a nondeterministic change. A
 change that must alter the command sequence goes behind ``workflow.patched(...)``; record a new
-scenario for the new path and keep the old files.
+scenario for the new path and keep the old files (the first five scenarios predate the
+``exactly-once-launch`` patch; ``exactly-once``, ``wave-exactly-once`` and ``canary`` record it).
 
     .venv/bin/python scripts/record_histories.py [--out DIR] [--only NAME ...]
 """
@@ -150,6 +151,33 @@ async def restart_timeout_retry(env: WorkflowEnvironment, fleet: FakeFleet) -> R
     return p
 
 
+async def exactly_once(env: WorkflowEnvironment, fleet: FakeFleet) -> RestartPlan:
+    """The exactly-once launch path (``workflow.patched("exactly-once-launch")``): e0's restart
+    attempt is lost after it reported its launch (not repeated), e1's before (launched again)."""
+    fleet.lose_launch.update({"e0": "after", "e1": "before"})
+    p = plan("exactly-once")
+    await finish(await start(env, p))
+    return p
+
+
+async def wave_exactly_once(env: WorkflowEnvironment, fleet: FakeFleet) -> RestartPlan:
+    """Whole wave on the exactly-once path; e1 already runs a newer process (not launched)."""
+    fleet.lose_launch["e1"] = "external"
+    p = plan("wave-exactly-once", mode="wave")
+    await finish(await start(env, p))
+    return p
+
+
+async def canary(env: WorkflowEnvironment, fleet: FakeFleet) -> RestartPlan:
+    """Canary gate after one engine (``pause_after=1``), released with ``approve``."""
+    p = plan("canary", pause_after=1)
+    h = await start(env, p)
+    await until(h, lambda p: p.state == "waiting_operator")
+    await h.execute_update("approve", OperatorRequest(by="bob"), result_type=OperatorAnswer)
+    await finish(h)
+    return p
+
+
 Scenario = Callable[[WorkflowEnvironment, FakeFleet], Awaitable[RestartPlan]]
 SCENARIOS: dict[str, tuple[list[str], Scenario]] = {
     "rolling": (["prefill", "prefill"], rolling),
@@ -157,6 +185,9 @@ SCENARIOS: dict[str, tuple[list[str], Scenario]] = {
     "wave": (["prefill", "decode"], wave),
     "pause-resume": (["prefill", "prefill"], pause_resume),
     "restart-timeout-retry": (["prefill", "prefill"], restart_timeout_retry),
+    "exactly-once": (["prefill", "prefill"], exactly_once),
+    "wave-exactly-once": (["prefill", "decode"], wave_exactly_once),
+    "canary": (["prefill", "prefill"], canary),
 }
 
 

@@ -3,14 +3,17 @@
     narwhal-restart start --router URL [--router URL2] [--engines e0,e1] [--mode rolling|wave]
         [--max-unavailable N] [--deadline-s S] [--deadline-policy wait|fail|approve]
         [--supervisor local|command|manual] [--supervisor-url URL | --restart-command 'TEMPLATE']
-        [--engine-url IID=URL ...] [--control-token-env NAME] [--fleet NAME] [--restart-timeout-s S]
-        [--follow] [--wait]
-    narwhal-restart status|pause|resume --fleet NAME | --workflow-id ID
+        [--fleet-file PATH] [--engine-url IID=URL ...] [--control-token-env NAME] [--fleet NAME]
+        [--restart-timeout-s S] [--pause-after N] [--follow] [--wait]
+    narwhal-restart status|pause|resume [--fleet NAME | --workflow-id ID]
     narwhal-restart list [--fleet NAME]
-    narwhal-restart approve|retry|abort --fleet NAME | --workflow-id ID [--engine IID] [--reason TEXT]
+    narwhal-restart approve|retry|abort [--fleet NAME | --workflow-id ID] [--engine IID] [--reason TEXT]
+    narwhal-restart schedule create (--cron EXPR | --every 6h) [--name NAME] START-FLAGS
+    narwhal-restart schedule list | pause|unpause|delete --name NAME
 
 One restart per fleet: the workflow id is ``narwhal-restart-<fleet>`` (``start`` derives it; there is
-no ``--workflow-id`` there); a second start is refused. Exit codes: 0 ok, 1 the restart ended without
+no ``--workflow-id`` there); a second start is refused. Without ``--fleet``/``--workflow-id`` the
+steering commands address the only running restart. Exit codes: 0 ok, 1 the restart ended without
 restarting every engine, 2 refused / invalid / Temporal unreachable (one line naming the address).
 With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, ``start`` is one span, parent of the workflow's trace.
 """
@@ -24,13 +27,20 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 from opentelemetry import trace
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
@@ -45,7 +55,17 @@ from workflows.client import (
     default_namespace,
     ensure_search_attributes,
 )
+from workflows.details import (
+    duration,
+    engine_line,
+    event_line,
+    phase_durations,
+    progress_line,
+    utc_datetime,
+    utc_time,
+)
 from workflows.models import (
+    EngineProgress,
     OperatorAnswer,
     OperatorRequest,
     RestartPlan,
@@ -57,34 +77,30 @@ from workflows.models import (
     fleet_workflow_id,
 )
 from workflows.preflight import PreflightError, StartRequest, preflight
+from workflows.schedules import add_schedule_parser, cmd_schedule
 from workflows.steps import FLEET_KEY, STATE_KEY
 
 RPC_TIMEOUT = timedelta(seconds=5)
 SERVICE_NAME = "narwhal-restart"
 
 
-def _workflow_id(args: argparse.Namespace) -> str:
-    if getattr(args, "workflow_id", ""):
-        return str(args.workflow_id)
-    if not getattr(args, "fleet", ""):
-        raise PreflightError("give --fleet NAME (or --workflow-id)")
-    return fleet_workflow_id(args.fleet)
-
-
 def _ui_link(args: argparse.Namespace, wid: str) -> str:
     return f"{args.ui_url.rstrip('/')}/namespaces/{args.namespace}/workflows/{wid}"
 
 
-def _engine_line(e: Any) -> str:
-    extra = e.error or e.note
-    wait = f"  [waiting for operator: {e.waiting_for}]" if e.waiting_for else ""
-    return f"  {e.iid:<8} {e.step:<24} router={e.router_state or '-':<18} {extra}{wait}".rstrip()
+def _engine_line(e: EngineProgress, now: float | None = None) -> str:
+    """The UI's engine line as plain text: ``  e0 done · router active · drained in 3.2 s …``."""
+    return "  " + engine_line(e, now).removeprefix("- ").replace("**", "")
 
 
 def _print_result(res: RestartResult) -> None:
-    print(f"{res.fleet}: {res.state} ({res.mode}) — {res.message}")
+    took = f" in {duration(res.finished_at - res.started_at)}" if res.started_at and res.finished_at else ""
+    print(f"{res.fleet}: {res.state} ({res.mode}){took} — {res.message}")
     for e in res.engines.values():
-        print(f"  {e.iid:<8} {e.outcome:<10} old={e.old_process_start} new={e.new_process_start} {e.error}")
+        print(
+            f"  {e.iid:<8} {e.outcome:<10} process started {utc_time(e.old_process_start)} → "
+            f"{utc_time(e.new_process_start)}  {', '.join(phase_durations(e))}  {e.error}".rstrip()
+        )
 
 
 def _all_restarted(res: RestartResult) -> bool:
@@ -98,19 +114,28 @@ def _all_restarted(res: RestartResult) -> bool:
 
 
 async def _follow(handle: WorkflowHandle[Any, Any]) -> None:
+    """Live progress: the header line on change, each engine's line on change, every operator
+    event (paused, resumed, approved, retried, aborted, waiting for operator) once."""
     shown: dict[str, str] = {}
-    state = ""
+    header = ""
+    events_seen: set[tuple[float, str, str, str]] = set()
     while True:
         try:
             p = await handle.query("progress", result_type=RestartProgress, rpc_timeout=RPC_TIMEOUT)
-            if p.state != state:
-                state = p.state
-                print(f"[{p.fleet}] {p.state}: {p.message}", flush=True)
+            line = f"[{p.fleet}] {p.state.replace('_', ' ')}: {p.message}"
+            if line != header:
+                header = line
+                print(line, flush=True)
+            for ev in p.events:
+                key = (ev.at, ev.kind, ev.iid, ev.by)
+                if key not in events_seen:
+                    events_seen.add(key)
+                    print(f"  ** {event_line(ev)}", flush=True)
             for e in p.engines.values():
-                line = _engine_line(e)
-                if shown.get(e.iid) != line:
-                    shown[e.iid] = line
-                    print(line, flush=True)
+                text = _engine_line(e)
+                if shown.get(e.iid) != text:
+                    shown[e.iid] = text
+                    print(text, flush=True)
         except RPCError as exc:
             print(f"  (progress unavailable: {exc.message})", flush=True)
         desc = await handle.describe(rpc_timeout=RPC_TIMEOUT)
@@ -132,18 +157,28 @@ async def cmd_start(args: argparse.Namespace) -> int:
         return code
 
 
-async def _start(args: argparse.Namespace) -> int:
-    client = await connect(args.address, args.namespace)  # first: Temporal down → one line, exit 2
+async def build_plan(args: argparse.Namespace) -> tuple[RestartPlan, str]:
+    """Preflight (nothing is drained on refusal) → the plan and the UI's static details; shared by
+    ``start`` and ``schedule create``."""
     engine_urls = dict(kv.split("=", 1) for kv in args.engine_url)
     req = StartRequest(
         routers=args.router, engines=args.engines.split(",") if args.engines is not None else None,
         mode=args.mode, fleet=args.fleet or "", supervisor=args.supervisor, supervisor_url=args.supervisor_url,
-        restart_command=args.restart_command, engine_urls=engine_urls, token_env=args.control_token_env,
+        restart_command=args.restart_command, engine_urls=engine_urls, fleet_file=args.fleet_file,
+        token_env=args.control_token_env,
     )  # fmt: skip
     async with httpx.AsyncClient() as http:
         if telemetry.tracing_installed():
             telemetry.instrument_httpx(http)
         pre = await preflight(http, req)
+    for note in pre.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if args.pause_after and pre.mode == "wave":
+        raise PreflightError("--pause-after is a canary gate between engines: a whole-wave restart has none")
+    if args.pause_after >= len(pre.engines):
+        raise PreflightError(
+            f"--pause-after {args.pause_after} leaves no engine after the gate ({len(pre.engines)} engines)"
+        )
     plan = RestartPlan(
         fleet=pre.fleet, mode=pre.mode,
         router=RouterRef(routers=args.router, token_env=args.control_token_env),
@@ -151,20 +186,39 @@ async def _start(args: argparse.Namespace) -> int:
         engines=pre.engines, engine_urls=pre.engine_urls, max_unavailable=args.max_unavailable,
         deadline_s=args.deadline_s, deadline_policy=args.deadline_policy,
         timing=Timing(poll_interval_s=args.poll_interval, new_process_timeout_s=args.restart_timeout_s),
-        requested_by=args.requested_by,
+        requested_by=args.requested_by, pause_after=args.pause_after,
     )  # fmt: skip
-    await ensure_search_attributes(client, args.namespace)
-    wid = fleet_workflow_id(plan.fleet)  # one restart per fleet: the id is derived, never chosen
+    gate = (
+        f"\n- canary gate: waits for the operator after {plan.pause_after} engine(s)"
+        if plan.pause_after
+        else ""
+    )
     details = (
         f"**Fleet** `{plan.fleet}` — {plan.mode} restart of {', '.join(plan.engines)}\n\n"
         f"- routers: {', '.join(args.router)}\n- supervisor: `{plan.supervisor.backend}` "
-        f"{plan.supervisor.url or plan.supervisor.command}\n- drain deadline {plan.deadline_s}s, "
-        f"policy `{plan.deadline_policy}`, max unavailable {plan.max_unavailable}\n"
+        f"{plan.supervisor.url or plan.supervisor.command}\n- drain deadline {plan.deadline_s:g} s, "
+        f"policy `{plan.deadline_policy}`, max unavailable {plan.max_unavailable}{gate}\n"
         f"- requested by {plan.requested_by or 'unknown'}"
     )
+    return plan, details
+
+
+def workflow_type(plan: RestartPlan) -> str:
+    return "WaveRestart" if plan.mode == "wave" else "RollingRestart"
+
+
+def summary(plan: RestartPlan) -> str:
+    return f"{plan.mode} restart of {plan.fleet} ({len(plan.engines)} engines)"
+
+
+async def _start(args: argparse.Namespace) -> int:
+    client = await connect(args.address, args.namespace)  # first: Temporal down → one line, exit 2
+    plan, details = await build_plan(args)
+    await ensure_search_attributes(client, args.namespace)
+    wid = fleet_workflow_id(plan.fleet)  # one restart per fleet: the id is derived, never chosen
     try:
         handle = await client.start_workflow(
-            "WaveRestart" if plan.mode == "wave" else "RollingRestart",
+            workflow_type(plan),
             plan,
             id=wid,
             task_queue=args.task_queue,
@@ -173,7 +227,7 @@ async def _start(args: argparse.Namespace) -> int:
             search_attributes=TypedSearchAttributes(
                 [SearchAttributePair(FLEET_KEY, plan.fleet), SearchAttributePair(STATE_KEY, "starting")]
             ),
-            static_summary=f"{plan.mode} restart of {plan.fleet} ({len(plan.engines)} engines)",
+            static_summary=summary(plan),
             static_details=details,
         )
     except WorkflowAlreadyStartedError:
@@ -191,9 +245,44 @@ async def _start(args: argparse.Namespace) -> int:
     return 0
 
 
+RESTART_TYPES = "WorkflowType IN ('RollingRestart', 'WaveRestart')"
+
+
+async def resolve_workflow_id(client: Client, args: argparse.Namespace) -> str:
+    """``--workflow-id``, else the running restart of ``--fleet``, else the only running restart.
+    Several running (or none) without ``--fleet``: refuse and name the candidates."""
+    if getattr(args, "workflow_id", ""):
+        return str(args.workflow_id)
+    fleet = getattr(args, "fleet", "")
+    query = f"{RESTART_TYPES} AND ExecutionStatus = 'Running'"
+    if fleet:
+        query += f" AND NarwhalFleet = '{fleet}'"
+    running = [wf async for wf in client.list_workflows(query, limit=20)]
+    if len(running) == 1:
+        return running[0].id
+    if fleet and not running:
+        return fleet_workflow_id(fleet)  # the last (closed) restart started by `start`
+    if running:
+        names = ", ".join(f"{wf.id} (fleet {_fleet_of(wf)})" for wf in running)
+        raise PreflightError(
+            f"{len(running)} restarts are running: {names}; pass --fleet NAME or --workflow-id ID"
+        )
+    recent = [wf async for wf in client.list_workflows(RESTART_TYPES, limit=5)]
+    hint = ("; recent: " + ", ".join(f"{_fleet_of(wf)} ({_status(wf)})" for wf in recent)) if recent else ""
+    raise PreflightError(f"no restart is running{hint}; pass --fleet NAME to see a finished one")
+
+
+def _fleet_of(wf: WorkflowExecution) -> str:
+    return str({k.name: v for k, v in wf.typed_search_attributes}.get("NarwhalFleet", "?"))
+
+
+def _status(wf: WorkflowExecution) -> str:
+    return wf.status.name.lower() if wf.status else "?"
+
+
 async def _handle(args: argparse.Namespace) -> tuple[Client, WorkflowHandle[Any, Any]]:
     client = await connect(args.address, args.namespace)
-    return client, client.get_workflow_handle(_workflow_id(args))
+    return client, client.get_workflow_handle(await resolve_workflow_id(client, args))
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
@@ -208,9 +297,14 @@ async def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(p.model_dump(mode="json", by_alias=True), indent=2))
         return 0
-    print(f"{handle.id}: {desc.status.name if desc.status else '?'} — {p.state}: {p.message}")
+    now = (p.updated_at or 0.0) if desc.status != WorkflowExecutionStatus.RUNNING else time.time()
+    print(f"{handle.id} (run {desc.run_id}): {desc.status.name.lower() if desc.status else '?'} — "
+          f"{p.state.replace('_', ' ')}: {p.message}")  # fmt: skip
+    print(f"  {progress_line(p.engines.values(), p.started_at, now)} (started {utc_datetime(p.started_at)})")
     for e in p.engines.values():
-        print(_engine_line(e))
+        print(_engine_line(e, now))
+    for ev in p.events[-5:]:
+        print(f"  ** {event_line(ev)}")
     return 0
 
 
@@ -237,14 +331,27 @@ async def cmd_update(args: argparse.Namespace) -> int:
 
 async def cmd_list(args: argparse.Namespace) -> int:
     client = await connect(args.address, args.namespace)
-    query = "WorkflowType IN ('RollingRestart', 'WaveRestart')"
+    query = RESTART_TYPES
     if args.fleet:
         query += f" AND NarwhalFleet = '{args.fleet}'"
-    async for wf in client.list_workflows(query, limit=args.limit):
-        sa = {k.name: v for k, v in wf.typed_search_attributes}
-        print(f"{wf.id:<48} {wf.workflow_type:<15} {wf.status.name if wf.status else '?':<11} "
-              f"state={sa.get('NarwhalState', '-')} started={wf.start_time:%Y-%m-%d %H:%M:%S}")  # fmt: skip
+    rows = [
+        (wf.id, wf.run_id, wf.workflow_type.removesuffix("Restart").lower(), _status(wf),
+         str({k.name: v for k, v in wf.typed_search_attributes}.get("NarwhalState", "-")),
+         _when(wf.start_time), _when(wf.close_time))
+        async for wf in client.list_workflows(query, limit=args.limit)
+    ]  # fmt: skip
+    if not rows:
+        print("no restart workflows" + (f" for fleet {args.fleet}" if args.fleet else ""))
+        return 0
+    head = ("WORKFLOW ID", "RUN ID", "MODE", "STATUS", "STATE", "STARTED (UTC)", "ENDED (UTC)")
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return 0
+
+
+def _when(t: datetime | None) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if t is not None else "-"
 
 
 def _positive(value: str) -> float:
@@ -257,31 +364,8 @@ def _positive(value: str) -> float:
     return v
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="narwhal-restart", description=__doc__.split("\n\n")[0])
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--address", default=default_address(), help="Temporal frontend (env TEMPORAL_ADDRESS)"
-    )
-    common.add_argument("--namespace", default=default_namespace(), help="(env TEMPORAL_NAMESPACE)")
-    common.add_argument(
-        "--fleet",
-        default="",
-        help="fleet name (default for start: derived from the router's model and engines)",
-    )
-    common.add_argument(
-        "--requested-by", default=os.environ.get("USER") or getpass.getuser(), help="who asked (memo, UI)"
-    )
-    common.add_argument(
-        "--ui-url",
-        default=os.environ.get("TEMPORAL_UI_URL", "http://localhost:8233"),
-        help="Temporal UI base URL for printed links (env TEMPORAL_UI_URL)",
-    )
-    # --workflow-id only where an existing workflow is addressed; `start` derives it from the fleet.
-    steer = argparse.ArgumentParser(add_help=False, parents=[common])
-    steer.add_argument("--workflow-id", default="", help="instead of --fleet: narwhal-restart-<fleet>")
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("start", parents=[common], help="validate, then start a restart workflow")
+def add_start_flags(s: argparse.ArgumentParser) -> None:
+    """The flags of ``start``, shared with ``schedule create``."""
     s.add_argument("--router", action="append", required=True, help="router URL (repeat for the HA pair)")
     s.add_argument("--engines", default=None, help="comma-separated engine ids (default: all)")
     s.add_argument(
@@ -320,8 +404,15 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="IID=URL",
-        help="engine URL used to watch its process start; overrides the supervisor's (needed for "
-        "--supervisor command|manual; repeatable)",
+        help="engine URL used to watch its process start and for {url}; overrides every other source "
+        "(repeatable)",
+    )
+    s.add_argument(
+        "--fleet-file",
+        default="",
+        metavar="PATH",
+        help="take engine URLs from this fleet file's engines list instead of the router's "
+        "GET /narwhal/targets (default: ask the router)",
     )
     s.add_argument(
         "--control-token-env",
@@ -343,22 +434,84 @@ def parser() -> argparse.ArgumentParser:
         help="how long to wait for an engine to serve a newer process after its restart; past it the "
         "engine is blocked and the restart waits for `retry` (after repair) or `abort` (default 600)",
     )
-    s.add_argument("--follow", action="store_true", help="print live per-engine progress and the UI link")
+    s.add_argument(
+        "--pause-after",
+        type=int,
+        default=0,
+        metavar="N",
+        help="canary gate (rolling): after the first N engines are back in service, wait for the operator's "
+        "`resume` or `approve` before the rest (default 0: no gate)",
+    )
+
+
+DESCRIPTIONS = {
+    "start": "Validate the fleet (routers, engines, roles, engine addresses), then start one restart "
+    "workflow for it. Engine addresses come from the router's GET /narwhal/targets (or --fleet-file), "
+    "--engine-url overrides.",
+    "status": "Progress of a restart: without --fleet/--workflow-id, the only running restart (or the "
+    "candidates when several run).",
+    "pause": "Stop starting engines (takes effect between engines; a whole wave only before its drain).",
+    "resume": "Continue a paused restart; also opens a canary gate (--pause-after).",
+    "approve": "Approve what waits: an engine past its drain deadline (policy approve) or the canary gate.",
+    "retry": "Retry a blocked engine (refused readmission, no newer process within the restart timeout).",
+    "abort": "Stop the rollout; engines waiting for an operator end held out of placement.",
+    "list": "Restart workflows with run id, status, state, start and end times (UTC).",
+    "schedule": "Restart waves on a Temporal Schedule (cron or interval, overlapping runs skipped).",
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="narwhal-restart",
+        description=__doc__.split("\n\n")[0],
+        epilog="`narwhal-restart COMMAND --help` describes each command.",
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--address", default=default_address(), help="Temporal frontend (env TEMPORAL_ADDRESS)"
+    )
+    common.add_argument("--namespace", default=default_namespace(), help="(env TEMPORAL_NAMESPACE)")
+    common.add_argument(
+        "--fleet",
+        default="",
+        help="fleet name (default for start: derived from the router's model and engines)",
+    )
+    common.add_argument(
+        "--requested-by", default=os.environ.get("USER") or getpass.getuser(), help="who asked (memo, UI)"
+    )
+    common.add_argument(
+        "--ui-url",
+        default=os.environ.get("TEMPORAL_UI_URL", "http://localhost:8233"),
+        help="Temporal UI base URL for printed links (env TEMPORAL_UI_URL)",
+    )
+    # --workflow-id only where an existing workflow is addressed; `start` derives it from the fleet.
+    steer = argparse.ArgumentParser(add_help=False, parents=[common])
+    steer.add_argument("--workflow-id", default="", help="instead of --fleet: the workflow id")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, parents: list[argparse.ArgumentParser], short: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=parents, help=short, description=DESCRIPTIONS[name])
+
+    s = command("start", [common], "validate, then start a restart workflow")
+    add_start_flags(s)
+    s.add_argument("--follow", action="store_true", help="print live per-engine progress and operator events")
     s.add_argument(
         "--wait",
         action="store_true",
         help="block until the workflow ends; exit 0 only if every engine was restarted and readmitted",
     )
-    st = sub.add_parser("status", parents=[steer])
-    st.add_argument("--json", action="store_true")
-    for name in ("pause", "resume"):
-        sub.add_parser(name, parents=[steer])
-    for name in ("approve", "retry", "abort"):
-        u = sub.add_parser(name, parents=[steer])
-        u.add_argument("--engine", default="")
-        u.add_argument("--reason", default="")
-    ls = sub.add_parser("list", parents=[common])
-    ls.add_argument("--limit", type=int, default=50)
+    st = command("status", [steer], "show a restart's progress")
+    st.add_argument("--json", action="store_true", help="the narwhal.restart-progress document")
+    command("pause", [steer], "pause between engines")
+    command("resume", [steer], "resume (also opens the canary gate)")
+    for name, short in (("approve", "approve a waiting engine or the canary gate"),
+                        ("retry", "retry a blocked engine"), ("abort", "abort the rollout")):  # fmt: skip
+        u = command(name, [steer], short)
+        u.add_argument("--engine", default="", help="the engine (default: the one that waits)")
+        u.add_argument("--reason", default="", help="recorded with the decision")
+    ls = command("list", [common], "list restart workflows")
+    ls.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    add_schedule_parser(command("schedule", [], "manage scheduled restart waves"), common, add_start_flags)
     return p
 
 
@@ -371,6 +524,8 @@ async def run(args: argparse.Namespace) -> int:
         return await cmd_signal(args)
     if args.command in ("approve", "retry", "abort"):
         return await cmd_update(args)
+    if args.command == "schedule":
+        return await cmd_schedule(args, build_plan)
     return await cmd_list(args)
 
 

@@ -11,9 +11,17 @@ Imported by workflow code, so: stdlib + pydantic only.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 PROGRESS_SCHEMA = "narwhal.restart-progress"
 RESULT_SCHEMA = "narwhal.restart-result"
@@ -63,6 +71,28 @@ def engine_workflow_id(fleet: str, iid: str) -> str:
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def iso(ts: float | None) -> str:
+    """Epoch seconds → ISO 8601 UTC with milliseconds (``2026-12-01T08:30:12.841Z``); "" for None."""
+    if ts is None:
+        return ""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class _WithIso(_Model):
+    """A document whose epoch fields each get an ISO 8601 twin (``<field>_iso``) when serialised,
+    recomputed on every dump so it can never disagree with the epoch value."""
+
+    _iso_fields: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _with_iso(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in self._iso_fields:
+                data[f"{name}_iso"] = iso(getattr(self, name))
+        return data
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,6 +153,7 @@ class RestartPlan(_Model):
     deadline_policy: DeadlinePolicy = "wait"
     timing: Timing = Field(default_factory=Timing)
     requested_by: str = ""
+    pause_after: int = Field(default=0, ge=0)  # canary gate: wait for resume/approve after N engines
 
     @field_validator("fleet")
     @classmethod
@@ -148,7 +179,20 @@ class EngineRestartInput(_Model):
 # Progress / result documents
 
 
-class EngineProgress(_Model):
+class OperatorEvent(_WithIso):
+    """Something an operator did or is asked to do (pause, resume, approve, retry, abort, a wait)."""
+
+    _iso_fields = ("at",)
+    at: float
+    at_iso: str = ""
+    kind: Literal["paused", "resumed", "approved", "retried", "aborted", "waiting_for_operator"]
+    iid: str = ""
+    by: str = ""
+    detail: str = ""
+
+
+class EngineProgress(_WithIso):
+    _iso_fields = ("old_process_start", "new_process_start", "started_at", "finished_at", "step_started_at")
     iid: str
     step: Step = "pending"
     outcome: Outcome = "pending"
@@ -166,9 +210,16 @@ class EngineProgress(_Model):
     finished_at: float | None = None
     step_started_at: float | None = None
     timings: dict[str, float] = Field(default_factory=dict)
+    step_times: dict[str, float] = Field(default_factory=dict)  # step -> when it was first entered
+    old_process_start_iso: str = ""
+    new_process_start_iso: str = ""
+    started_at_iso: str = ""
+    finished_at_iso: str = ""
+    step_started_at_iso: str = ""
 
 
-class RestartProgress(_Model):
+class RestartProgress(_WithIso):
+    _iso_fields = ("started_at", "updated_at")
     schema_: Literal["narwhal.restart-progress"] = Field(default="narwhal.restart-progress", alias="schema")
     schema_version: Literal[1] = 1
     fleet: str
@@ -184,12 +235,17 @@ class RestartProgress(_Model):
     wave_id: str = ""
     started_at: float | None = None
     updated_at: float | None = None
+    started_at_iso: str = ""
+    updated_at_iso: str = ""
+    pause_after: int = 0
     engines: dict[str, EngineProgress] = Field(default_factory=dict)
+    events: list[OperatorEvent] = Field(default_factory=list)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
 
 
-class RestartResult(_Model):
+class RestartResult(_WithIso):
+    _iso_fields = ("started_at", "finished_at")
     schema_: Literal["narwhal.restart-result"] = Field(default="narwhal.restart-result", alias="schema")
     schema_version: Literal[1] = 1
     fleet: str
@@ -199,7 +255,10 @@ class RestartResult(_Model):
     message: str = ""
     started_at: float | None = None
     finished_at: float | None = None
+    started_at_iso: str = ""
+    finished_at_iso: str = ""
     engines: dict[str, EngineProgress] = Field(default_factory=dict)
+    events: list[OperatorEvent] = Field(default_factory=list)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
 
@@ -262,6 +321,7 @@ class FleetView(_Model):
     engines: dict[str, EngineView] = Field(default_factory=dict)
     roles: dict[str, str] = Field(default_factory=dict)
     model: str = ""
+    roles_error: str = ""  # the handoff (roles) could not be read: role safety cannot be decided
 
 
 class DrainRequest(_Model):
@@ -314,12 +374,32 @@ class ConfirmRequest(_Model):
 
 
 class EngineTarget(_Model):
-    """One engine as the supervisor activities see it."""
+    """One engine as the supervisor activities see it. ``launch`` > 0: the workflow's launch number
+    for this engine — the restart activity reports it (signal ``launch_started``) before it runs
+    anything, so the workflow knows durably whether a launch may have happened."""
 
     iid: str
     url: str = ""
     old_process_start: float
     supervisor: SupervisorRef
+    launch: int = 0
+
+
+class LaunchReport(_Model):
+    """Signal ``launch_started``: the restart activity is about to launch (command / supervisor)."""
+
+    iid: str
+    launch: int
+    at: float
+    what: str = ""
+
+
+class ProcessProbe(_Model):
+    """The engine's live ``process_start_time_seconds`` (None: it does not answer)."""
+
+    iid: str
+    url: str = ""
+    process_start: float | None = None
 
 
 class RestartOutcome(_Model):

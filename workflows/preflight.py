@@ -9,13 +9,23 @@ to see the newer process).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from activities.router import NOT_CONTROLLING, parse_lifecycle
+from activities.documents import (
+    KNOWN_ROLES,
+    DocumentError,
+    fleet_file_urls,
+    handoff_roles,
+    lifecycle_document,
+    target_urls,
+)
+from activities.router import NOT_CONTROLLING, view_of
 from workflows.models import DeadlinePolicy, FleetView, RestartMode, SupervisorBackend, fleet_slug
 
 
@@ -33,6 +43,7 @@ class StartRequest:
     supervisor_url: str = ""
     restart_command: str = ""
     engine_urls: dict[str, str] = field(default_factory=dict)
+    fleet_file: str = ""
     token_env: str = ""
     deadline_policy: DeadlinePolicy = "wait"
 
@@ -69,10 +80,14 @@ async def find_holder(http: httpx.AsyncClient, routers: list[str], token_env: st
         except httpx.HTTPError as exc:
             answers.append(f"{url}: no answer ({type(exc).__name__})")
             continue
-        if status != 200 or not isinstance(body, dict) or body.get("schema") != "narwhal.lifecycle":
+        if status != 200:
             answers.append(f"{url}: HTTP {status}, not a narwhal.lifecycle document")
             continue
-        view = parse_lifecycle(body, url)
+        try:
+            view = view_of(lifecycle_document(body, f"{url}/narwhal/lifecycle"), url)
+        except DocumentError as exc:
+            answers.append(str(exc))
+            continue
         answers.append(f"{url}: controls_fleet={view.controls_fleet}")
         if view.controls_fleet and holder is None:
             holder = view
@@ -82,14 +97,46 @@ async def find_holder(http: httpx.AsyncClient, routers: list[str], token_env: st
         raise PreflightError(
             f"{NOT_CONTROLLING} (none of the routers is the lease holder): " + "; ".join(answers)
         )
+    where = f"{holder.router_url}/narwhal/handoff"
     try:
-        status, handoff = await _get(http, f"{holder.router_url}/narwhal/handoff", token_env)
-        if status == 200 and isinstance(handoff, dict):
-            roles = {str(k): str(v) for k, v in (handoff.get("roles") or {}).items()}
-            holder = holder.model_copy(update={"roles": roles, "model": str(handoff.get("model", ""))})
-    except httpx.HTTPError:
-        pass
-    return holder
+        status, handoff = await _get(http, where, token_env)
+    except httpx.HTTPError as exc:
+        return holder.model_copy(update={"roles_error": f"{where}: no answer ({type(exc).__name__})"})
+    if status != 200:
+        return holder.model_copy(update={"roles_error": f"{where} answered HTTP {status}"})
+    try:
+        h = handoff_roles(handoff, where)
+    except DocumentError as exc:
+        return holder.model_copy(update={"roles_error": str(exc)})
+    return holder.model_copy(update={"roles": dict(h.roles), "model": h.model})
+
+
+async def router_targets(http: httpx.AsyncClient, router: str, token_env: str) -> tuple[dict[str, str], str]:
+    """Engine base URLs from ``GET /narwhal/targets``; (urls, note) — the note says why none came."""
+    where = f"{router}/narwhal/targets"
+    try:
+        status, body = await _get(http, where, token_env)
+    except httpx.HTTPError as exc:
+        return {}, f"{where}: no answer ({type(exc).__name__})"
+    if status != 200:
+        return {}, f"{where} answered HTTP {status}"
+    try:
+        return target_urls(body, where), ""
+    except DocumentError as exc:
+        raise PreflightError(str(exc)) from None
+
+
+def fleet_file_engine_urls(path: str) -> dict[str, str]:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise PreflightError(f"--fleet-file {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise PreflightError(f"--fleet-file {path}: not JSON ({exc})") from None
+    try:
+        return fleet_file_urls(doc, f"--fleet-file {path}")
+    except DocumentError as exc:
+        raise PreflightError(str(exc)) from None
 
 
 def default_fleet(view: FleetView) -> str:
@@ -157,10 +204,44 @@ async def preflight(http: httpx.AsyncClient, req: StartRequest) -> Preflight:
             f"{i} ({e.state}{': ' + e.error if e.error else ''})" for i, e in not_active.items()
         )
         raise PreflightError(f"engine(s) not active: {detail}")
-    urls = await _supervisor_urls(http, req, engines)
+    if mode == "rolling":
+        odd = {
+            i: view.roles.get(i, "(missing)") for i in view.engines if view.roles.get(i) not in KNOWN_ROLES
+        }
+        if view.roles_error or odd:
+            why = view.roles_error or ", ".join(f"{i}={r}" for i, r in sorted(odd.items()))
+            raise PreflightError(
+                f"role safety: cannot tell which engines serve prefill and decode ({why}); "
+                "a rolling restart could drain the last engine of a role"
+            )
+    urls, notes = await engine_urls(http, req, view.router_url, engines)
+    fleet = req.fleet or default_fleet(view)
+    return Preflight(view=view, engines=engines, mode=mode, fleet=fleet, engine_urls=urls, notes=notes)
+
+
+async def engine_urls(
+    http: httpx.AsyncClient, req: StartRequest, router: str, engines: list[str]
+) -> tuple[dict[str, str], list[str]]:
+    """Every engine's base URL (to watch its process start; ``{url}`` in a restart command).
+
+    Sources, later ones win: ``--fleet-file`` (else the router's ``GET /narwhal/targets``), the
+    local supervisor's engine list, then ``--engine-url IID=URL`` overrides.
+    """
+    notes: list[str] = []
+    if req.fleet_file:
+        urls = fleet_file_engine_urls(req.fleet_file)
+        source = f"--fleet-file {req.fleet_file}"
+    else:
+        urls, why = await router_targets(http, router, req.token_env)
+        source = f"{router}/narwhal/targets"
+        if why:
+            notes.append(f"no engine addresses from the router ({why})")
+    urls.update(await _supervisor_urls(http, req, engines))
     urls.update({k: v.rstrip("/") for k, v in req.engine_urls.items() if v})
     missing = [i for i in engines if not urls.get(i)]
     if missing:
-        raise PreflightError(f"no URL for engine(s) {', '.join(missing)}: pass --engine-url IID=URL")
-    fleet = req.fleet or default_fleet(view)
-    return Preflight(view=view, engines=engines, mode=mode, fleet=fleet, engine_urls=urls)
+        hint = "; ".join(notes) or f"{source} does not list them"
+        raise PreflightError(
+            f"no URL for engine(s) {', '.join(missing)} ({hint}): pass --fleet-file PATH or --engine-url IID=URL"
+        )
+    return {i: urls[i] for i in engines}, notes

@@ -17,7 +17,9 @@ from temporalio import workflow
 from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.documents import KNOWN_ROLES
     from activities.router import LifecycleActivities
+    from workflows.details import render
     from workflows.models import (
         FINAL_STEPS,
         WAITING_FOR_OPERATOR,
@@ -25,7 +27,9 @@ with workflow.unsafe.imports_passed_through():
         EngineProgress,
         EngineRestartInput,
         FleetView,
+        LaunchReport,
         OperatorAnswer,
+        OperatorEvent,
         OperatorRequest,
         RestartPlan,
         RestartProgress,
@@ -34,7 +38,7 @@ with workflow.unsafe.imports_passed_through():
         engine_workflow_id,
         fleet_workflow_id,
     )
-    from workflows.steps import ABORTABLE, FLEET_KEY, STATE_KEY, RunbookSteps, cause_message, details_table
+    from workflows.steps import ABORTABLE, FLEET_KEY, MAX_EVENTS, STATE_KEY, RunbookSteps, cause_message
     from workflows.wave import WaveRestart
 
 __all__ = ["EngineRestart", "RollingRestart", "WaveRestart", "pick_batch"]
@@ -56,7 +60,7 @@ class EngineRestart(RunbookSteps):
         return self.engines[self.inp.iid].step
 
     def header(self) -> str:
-        return f"**{self.inp.iid}** of fleet **{self.fleet}** (deadline {self.deadline_s}s, policy {self.deadline_policy})"
+        return f"{self.inp.iid} of {self.fleet} (drain deadline {self.deadline_s:g} s, policy {self.deadline_policy})"
 
     async def on_change(self) -> None:
         parent = workflow.info().parent
@@ -66,6 +70,7 @@ class EngineRestart(RunbookSteps):
 
     @workflow.run
     async def run(self, inp: EngineRestartInput) -> EngineProgress:
+        self.started_at = self.now()
         workflow.upsert_search_attributes([FLEET_KEY.value_set(inp.fleet)])
         iids = [inp.iid]
         if self.decision is not None and self.decision.kind == "abort":
@@ -81,6 +86,11 @@ class EngineRestart(RunbookSteps):
     @workflow.query
     def progress(self) -> EngineProgress:
         return self.engines[self.inp.iid]
+
+    @workflow.signal
+    def launch_started(self, r: LaunchReport) -> None:
+        """From the restart activity, before it launches: the durable launch record."""
+        self.record_launch(r)
 
     @workflow.signal
     def decide(self, d: Decision) -> None:
@@ -122,6 +132,12 @@ def pick_batch(queue: list[str], view: FleetView, max_unavailable: int) -> tuple
     never be drained alone.
     """
     eligible = {i for i, e in view.engines.items() if e.accepts_new}
+    if view.roles_error:
+        return [], f"role safety: engine roles unknown ({view.roles_error})"
+    unknown = sorted(i for i in eligible | set(queue[:1]) if view.roles.get(i) not in KNOWN_ROLES)
+    if unknown:
+        shown = ", ".join(f"{i}={view.roles.get(i, '(missing)')}" for i in unknown)
+        return [], f"role safety: unknown role for {shown} in /narwhal/handoff"
     batch: list[str] = []
     for iid in queue:
         if len(batch) >= max_unavailable:
@@ -130,13 +146,13 @@ def pick_batch(queue: list[str], view: FleetView, max_unavailable: int) -> tuple
         if e is None or e.state != "active" or not e.accepts_new:
             why = "unknown to the router" if e is None else f"{e.state}, accepts_new={e.accepts_new}"
             return (batch, "") if batch else ([], f"{iid} is not serving ({why})")
-        role = view.roles.get(iid, "any")
+        role = view.roles[iid]
         left = eligible - set(batch) - {iid}
-        same_role = [o for o in left if view.roles.get(o, "any") == role]
+        same_role = [o for o in left if view.roles.get(o) == role]
         if not left or not same_role:
             if batch:
                 break
-            return [], f"{iid} is the last eligible {role if role != 'any' else ''} engine".replace("  ", " ")
+            return [], f"{iid} is the last eligible {role} engine"
         batch.append(iid)
     return batch, ""
 
@@ -152,16 +168,25 @@ class RollingRestart:
         self.p = RestartProgress(
             fleet=plan.fleet, mode="rolling", workflow_id=workflow.info().workflow_id,
             deadline_policy=plan.deadline_policy, max_unavailable=plan.max_unavailable,
-            supervisor=plan.supervisor.backend,
+            supervisor=plan.supervisor.backend, pause_after=plan.pause_after,
         )  # fmt: skip
         self._sa_state = ""
+        self.gate = False  # the canary gate (--pause-after) waits for resume / approve
+        self._gate_passed = False
+        self._waiting: set[str] = set()
 
     # -- progress --------------------------------------------------------------------------------
 
     def _state(self) -> RunState:
-        if any(e.step in WAITING_FOR_OPERATOR for e in self.p.engines.values()):
+        if self.gate or any(e.step in WAITING_FOR_OPERATOR for e in self.p.engines.values()):
             return "waiting_operator"
         return "paused" if self.paused else "running"
+
+    def _event(self, kind: str, iid: str = "", by: str = "", detail: str = "") -> None:
+        self.p.events.append(
+            OperatorEvent(at=workflow.now().timestamp(), kind=kind, iid=iid, by=by, detail=detail)
+        )
+        del self.p.events[:-MAX_EVENTS]
 
     def _publish(self, state: RunState | None = None, message: str | None = None) -> None:
         self.p.state = state or self._state()
@@ -169,9 +194,20 @@ class RollingRestart:
         self.p.abort_requested = self.abort_requested
         if message is not None:
             self.p.message = message
-        self.p.updated_at = workflow.now().timestamp()
-        head = f"**{self.p.fleet}** rolling restart — {self.p.state}. {self.p.message}"
-        workflow.set_current_details(details_table(self.p.engines.values(), head))
+        now = workflow.now().timestamp()
+        self.p.updated_at = now
+        title = f"{self.p.fleet}: rolling restart, {self.plan.max_unavailable} at a time"
+        workflow.set_current_details(
+            render(
+                title,
+                self.p.state,
+                self.p.engines.values(),
+                self.p.started_at,
+                now,
+                self.p.message,
+                self.p.events,
+            )
+        )
         if self.p.state != self._sa_state:
             self._sa_state = self.p.state
             workflow.upsert_search_attributes([STATE_KEY.value_set(self.p.state)])
@@ -203,6 +239,16 @@ class RollingRestart:
             if self.paused:
                 self._publish(message="paused between engines")
                 await workflow.wait_condition(lambda: not self.paused or self.abort_requested)
+            if self._canary_due(queue):
+                self.gate = True
+                n = self.plan.pause_after
+                self._event(
+                    "waiting_for_operator", detail=f"canary gate after {n} engine(s): resume or approve"
+                )
+                self._publish(
+                    message=f"canary gate: {n} engine(s) back in service; waiting for the operator (resume or approve)"
+                )
+                await workflow.wait_condition(lambda: not self.gate or self.abort_requested)
             if self.abort_requested:
                 break
             view = await self._read_fleet()
@@ -234,7 +280,19 @@ class RollingRestart:
         return RestartResult(
             fleet=plan.fleet, mode="rolling", ok=ok, state=state, message=message,
             started_at=self.p.started_at, finished_at=workflow.now().timestamp(), engines=self.p.engines,
+            events=self.p.events,
         )  # fmt: skip
+
+    def _canary_due(self, queue: list[str]) -> bool:
+        """The canary gate closes once, when the first ``pause_after`` engines are back in service."""
+        n = self.plan.pause_after
+        if not n or not queue or self._gate_passed:
+            return False
+        restarted = sum(1 for e in self.p.engines.values() if e.outcome == "restarted")
+        if restarted < n:
+            return False
+        self._gate_passed = True
+        return True
 
     async def _child(self, iid: str) -> EngineProgress:
         plan = self.plan
@@ -277,11 +335,15 @@ class RollingRestart:
     @workflow.signal
     def pause(self) -> None:
         self.paused = True
+        self._event("paused")
         self._publish(message="pause requested: takes effect between engines")
 
     @workflow.signal
     def resume(self) -> None:
+        """Also opens the canary gate."""
         self.paused = False
+        self._event("resumed", detail="canary gate opened" if self.gate else "")
+        self.gate = False
         self._publish(message="resumed")
 
     @workflow.signal
@@ -289,6 +351,11 @@ class RollingRestart:
         if e.iid not in self.p.engines or self.p.engines[e.iid].step in FINAL_STEPS:
             return
         self.p.engines[e.iid] = e
+        if e.step in WAITING_FOR_OPERATOR and e.iid not in self._waiting:
+            self._waiting.add(e.iid)
+            self._event("waiting_for_operator", iid=e.iid, detail=e.waiting_for)
+        elif e.step not in WAITING_FOR_OPERATOR:
+            self._waiting.discard(e.iid)
         self._publish()
         if self.abort_requested and e.step in WAITING_FOR_OPERATOR:
             await self._forward(e.iid, Decision(kind="abort", reason="rollout aborted"))
@@ -312,7 +379,15 @@ class RollingRestart:
         return waiting[0]
 
     async def _decide(self, kind: str, req: OperatorRequest) -> OperatorAnswer:
+        if kind == "approve" and self._gate_approvable(req):
+            self.gate = False
+            self._event(
+                "approved", by=req.by, detail="canary gate" + (f": {req.reason}" if req.reason else "")
+            )
+            self._publish(message=f"canary gate approved by {req.by or 'operator'}")
+            return OperatorAnswer(accepted=True, message="canary gate approved: the rollout continues")
         iid = self._target(kind, req)
+        self._event("approved" if kind == "approve" else "retried", iid=iid, by=req.by, detail=req.reason)
         before = self.p.engines[iid].decisions
         await self._forward(iid, Decision(kind=kind, by=req.by, reason=req.reason))
         try:
@@ -331,7 +406,11 @@ class RollingRestart:
 
     @approve.validator
     def _approve_ok(self, req: OperatorRequest) -> None:
-        self._target("approve", req)
+        if not self._gate_approvable(req):
+            self._target("approve", req)
+
+    def _gate_approvable(self, req: OperatorRequest) -> bool:
+        return self.gate and not req.iid
 
     @workflow.update
     async def retry(self, req: OperatorRequest) -> OperatorAnswer:
@@ -353,6 +432,7 @@ class RollingRestart:
         ]
         for iid in waiting:
             await self._forward(iid, Decision(kind="abort", by=req.by, reason=req.reason))
+        self._event("aborted", iid=req.iid, by=req.by, detail=req.reason)
         self._publish(message="abort requested: no further engines will be restarted")
         held = f"; {', '.join(waiting)} end held" if waiting else ""
         return OperatorAnswer(accepted=True, message=f"abort accepted{held}")

@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.errors import NON_RETRYABLE
     from activities.router import LifecycleActivities
     from activities.supervisor import SupervisorActivities
+    from workflows.details import render
     from workflows.models import (
         WAITING_FOR_OPERATOR,
         ConfirmRequest,
@@ -28,7 +29,9 @@ with workflow.unsafe.imports_passed_through():
         DrainRequest,
         EngineProgress,
         EngineTarget,
+        LaunchReport,
         OperatorAnswer,
+        OperatorEvent,
         OperatorRequest,
         ReadmitRequest,
         RouterRef,
@@ -45,6 +48,12 @@ STATE_KEY = SearchAttributeKey.for_keyword("NarwhalState")
 MAX_CAPTURE_ATTEMPTS = 30
 # workflow.patched id: a restart-timeout expiry blocks the engine for the operator (was: failed).
 PATCH_RESTART_TIMEOUT_BLOCKS = "restart-timeout-blocks"
+# workflow.patched id: probe before launching, one-attempt launch reported by signal (exactly once).
+PATCH_EXACTLY_ONCE_LAUNCH = "exactly-once-launch"
+MAX_LAUNCH_ATTEMPTS = 5
+MAX_EVENTS = 50
+MIN_NEW_PROCESS_WAIT_S = 5.0
+SAME_PROCESS_TOLERANCE = 1e-6
 ABORTABLE: frozenset[str] = frozenset({"pending", "waiting_to_stop", "awaiting_approval", "blocked"})
 
 
@@ -53,27 +62,6 @@ def cause_message(exc: BaseException) -> str:
     while isinstance(exc, ActivityError | ChildWorkflowError) and exc.cause is not None:
         exc = exc.cause
     return str(exc) or type(exc).__name__
-
-
-def fmt_start(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3f}"
-
-
-def details_table(engines: Iterable[EngineProgress], header: str = "") -> str:
-    lines = [header, ""] if header else []
-    lines += [
-        "| engine | step | router state | old process start | new process start | checks | note |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for e in engines:
-        note = e.error or e.note
-        if e.waiting_for:
-            note = f"**waiting for operator: {e.waiting_for}** {note}"
-        lines.append(
-            f"| {e.iid} | {e.step} | {e.router_state or '—'} | {fmt_start(e.old_process_start)} | "
-            f"{fmt_start(e.new_process_start)} | {len(e.checks)} | {note.replace('|', '/')} |"
-        )
-    return "\n".join(lines)
 
 
 class RunbookSteps:
@@ -103,6 +91,10 @@ class RunbookSteps:
         self.finished = False
         self._sa_state = ""
         self.wave_id = ""
+        self.started_at: float | None = None
+        self.events: list[OperatorEvent] = []
+        self.launch_seq: dict[str, int] = {}
+        self.launches: dict[str, LaunchReport] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -118,8 +110,12 @@ class RunbookSteps:
     async def on_change(self) -> None:
         """Hook: EngineRestart reports to its parent."""
 
+    def details(self) -> str:
+        """Current Details; concrete workflows give the title and state."""
+        return render(self.header(), self.state_keyword(), self.engines.values(), self.started_at, self.now())
+
     async def publish(self) -> None:
-        workflow.set_current_details(details_table(self.engines.values(), self.header()))
+        workflow.set_current_details(self.details())
         state = self.state_keyword()
         if state != self._sa_state:
             self._sa_state = state
@@ -136,6 +132,7 @@ class RunbookSteps:
                 e.started_at = now
             if e.step != step:
                 e.step_started_at = now
+                e.step_times.setdefault(step, now)
             e.step = step
             e.note = note
             if error is not None:
@@ -149,6 +146,11 @@ class RunbookSteps:
         await self.publish()
 
     # -- operator decisions --------------------------------------------------------------------
+
+    def note_event(self, kind: str, iid: str = "", by: str = "", detail: str = "") -> None:
+        """An operator event (kept: the last ``MAX_EVENTS``) for the UI, ``status`` and ``--follow``."""
+        self.events.append(OperatorEvent(at=self.now(), kind=kind, iid=iid, by=by, detail=detail))
+        del self.events[:-MAX_EVENTS]
 
     def validate_decision(self, kind: str, req: OperatorRequest) -> None:
         targets = [e for e in self.engines.values() if not req.iid or e.iid == req.iid]
@@ -183,6 +185,8 @@ class RunbookSteps:
             e.decisions += 1
             e.waiting_for = ""
             e.note = f"{d.kind} by {d.by or 'operator'}" + (f": {d.reason}" if d.reason else "")
+        kind = {"approve": "approved", "retry": "retried", "abort": "aborted"}[d.kind]
+        self.note_event(kind, iid=",".join(iids) if len(iids) == 1 else "", by=d.by, detail=d.reason)
         return d
 
     async def wait_operator(
@@ -190,6 +194,7 @@ class RunbookSteps:
     ) -> Decision:
         for iid in iids:
             self.engines[iid].waiting_for = waiting_for
+        self.note_event("waiting_for_operator", iid=self.names(iids), detail=waiting_for)
         await self.step(iids, step, note=self.engines[iids[0]].note)
         return await self.take_decision(iids, allowed)
 
@@ -327,6 +332,11 @@ class RunbookSteps:
             if status == "deadline_exceeded" and self.deadline_policy == "approve":
                 for iid in iids:
                     self.engines[iid].waiting_for = "approve (restart despite resident requests) or abort"
+                self.note_event(
+                    "waiting_for_operator",
+                    iid=self.names(iids),
+                    detail="drain deadline exceeded: approve or abort",
+                )
                 await self.step(iids, "awaiting_approval", note=f"drain deadline exceeded: {message}")
                 stop_on_deadline = False
                 approved = True  # from now on: approve, abort, or the drain completes by itself
@@ -346,28 +356,37 @@ class RunbookSteps:
             iid=iid, url=self.engine_urls.get(iid, ""), old_process_start=e.old_process_start,
             supervisor=self.supervisor,
         )  # fmt: skip
-        try:
-            out = await workflow.execute_activity_method(
-                SupervisorActivities.restart_engine,
-                target,
-                start_to_close_timeout=timedelta(seconds=self.timing.restart_timeout_s),
-                heartbeat_timeout=self.heartbeat(),
-                retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=list(NON_RETRYABLE)),
-                summary=f"restart {iid} ({self.supervisor.backend})",
-            )
-            e.restarted_by_us = e.restarted_by_us or out.restarted
-            manual = self.supervisor.backend == "manual"
-            await self.step([iid], "waiting_for_new_process", note=out.note if manual else "")
-        except ActivityError as exc:
-            await self.step([iid], "failed", error=f"restart failed: {cause_message(exc)}")
-            return False
         limit = self.timing.new_process_timeout_s
+        if workflow.patched(PATCH_EXACTLY_ONCE_LAUNCH):
+            launched_at = await self.launch_once(iid, target)
+            if launched_at is None:
+                return False
+            wait_s = max(limit - (self.now() - launched_at), MIN_NEW_PROCESS_WAIT_S)
+        else:
+            try:
+                out = await workflow.execute_activity_method(
+                    SupervisorActivities.restart_engine,
+                    target,
+                    start_to_close_timeout=timedelta(seconds=self.timing.restart_timeout_s),
+                    heartbeat_timeout=self.heartbeat(),
+                    retry_policy=RetryPolicy(
+                        maximum_attempts=5, non_retryable_error_types=list(NON_RETRYABLE)
+                    ),
+                    summary=f"restart {iid} ({self.supervisor.backend})",
+                )
+                e.restarted_by_us = e.restarted_by_us or out.restarted
+                manual = self.supervisor.backend == "manual"
+                await self.step([iid], "waiting_for_new_process", note=out.note if manual else "")
+            except ActivityError as exc:
+                await self.step([iid], "failed", error=f"restart failed: {cause_message(exc)}")
+                return False
+            wait_s = limit
         try:
             new = await workflow.execute_activity_method(
                 SupervisorActivities.wait_new_process,
                 target,
                 start_to_close_timeout=timedelta(seconds=30),
-                schedule_to_close_timeout=timedelta(seconds=limit),
+                schedule_to_close_timeout=timedelta(seconds=wait_s),
                 retry_policy=self.poll_retry(),
                 summary=f"wait for {iid} to serve a new process (up to {limit:g}s)",
             )
@@ -383,6 +402,87 @@ class RunbookSteps:
             return False
         e.new_process_start = new.process_start
         return True
+
+    # -- exactly-once launches ------------------------------------------------------------------
+
+    def record_launch(self, r: LaunchReport) -> None:
+        """Signal ``launch_started`` from the restart activity, sent before it launches anything."""
+        if r.iid in self.engines and r.launch == self.launch_seq.get(r.iid, 0):
+            self.launches[r.iid] = r
+
+    def launched(self, iid: str, launch: int) -> LaunchReport | None:
+        r = self.launches.get(iid)
+        return r if r is not None and r.launch == launch else None
+
+    async def launch_once(self, iid: str, target: EngineTarget) -> float | None:
+        """Launch the restart at most once; returns when it was launched (workflow time), or None
+        when the restart failed.
+
+        Before each launch the engine's live process is probed: a process newer than the drain
+        record means the restart already happened (skip). The restart activity has one attempt and
+        reports the launch durably (signal ``launch_started``) before it runs anything; when the
+        attempt is lost (worker killed: heartbeat timeout), a reported launch is never repeated —
+        the workflow waits for the newer process, within the restart timeout — and an unreported
+        one provably never ran, so it is launched again."""
+        e = self.engines[iid]
+        old = target.old_process_start
+        last = ""
+        for _ in range(MAX_LAUNCH_ATTEMPTS):
+            probe = await workflow.execute_activity_method(
+                SupervisorActivities.probe_process,
+                target,
+                start_to_close_timeout=timedelta(seconds=30),
+                schedule_to_close_timeout=timedelta(seconds=max(self.timing.restart_timeout_s, 60)),
+                heartbeat_timeout=self.heartbeat(),
+                retry_policy=self.call_retry(),
+                summary=f"which process does {iid} run?",
+            )
+            if probe.process_start is not None and probe.process_start > old + SAME_PROCESS_TOLERANCE:
+                await self.step(
+                    [iid], "waiting_for_new_process", note="already runs a newer process: not launched"
+                )
+                return self.now()
+            self.launch_seq[iid] = self.launch_seq.get(iid, 0) + 1
+            n = self.launch_seq[iid]
+            try:
+                out = await workflow.execute_activity_method(
+                    SupervisorActivities.restart_engine,
+                    target.model_copy(update={"launch": n}),
+                    start_to_close_timeout=timedelta(seconds=self.timing.restart_timeout_s),
+                    heartbeat_timeout=self.heartbeat(),
+                    retry_policy=RetryPolicy(maximum_attempts=1),
+                    summary=f"restart {iid} ({self.supervisor.backend}, launch {n})",
+                )
+            except ActivityError as exc:
+                cause = exc.cause
+                kind = cause.type if isinstance(cause, ApplicationError) else ""
+                if kind in NON_RETRYABLE:
+                    await self.step([iid], "failed", error=f"restart failed: {cause_message(exc)}")
+                    return None
+                report = self.launched(iid, n)
+                if report is not None:
+                    await self.step(
+                        [iid], "waiting_for_new_process",
+                        note=f"launch {n} recorded, its activity was lost ({cause_message(exc)}): not repeated",
+                    )  # fmt: skip
+                    return report.at if report.at <= self.now() else self.now()
+                last = cause_message(exc)
+                await self.step([iid], "restarting", note=f"launch {n} never started ({last}): trying again")
+                await workflow.sleep(
+                    timedelta(seconds=self.timing.poll_interval_s), summary="before launching again"
+                )
+                continue
+            e.restarted_by_us = e.restarted_by_us or out.restarted
+            manual = self.supervisor.backend == "manual"
+            await self.step(
+                [iid], "waiting_for_new_process", note=out.note if manual or not out.restarted else ""
+            )
+            report = self.launched(iid, n)
+            return report.at if report is not None and report.at <= self.now() else self.now()
+        await self.step(
+            [iid], "failed", error=f"restart failed: {MAX_LAUNCH_ATTEMPTS} launches never started ({last})"
+        )
+        return None
 
     async def restart(self, iids: list[str]) -> bool:
         """Restart in parallel. Engines with no newer process within the restart timeout are

@@ -14,8 +14,10 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.router import LifecycleActivities
+    from workflows.details import render
     from workflows.models import (
         EngineProgress,
+        LaunchReport,
         OperatorAnswer,
         OperatorRequest,
         RestartPlan,
@@ -48,7 +50,22 @@ class WaveRestart(RunbookSteps):
         return "paused" if self.paused else "running"
 
     def header(self) -> str:
-        return f"**{self.fleet}** whole-wave restart {self.wave_id} — {self.state_keyword()}"
+        return f"{self.fleet}: whole-wave restart {self.wave_id}".rstrip()
+
+    def details(self) -> str:
+        return render(
+            self.header(), self.state_keyword(), self.engines.values(), self.started_at, self.now(),
+            self._message(), self.events,
+        )  # fmt: skip
+
+    def _message(self) -> str:
+        if self.run_state == "done":
+            return "every engine restarted and readmitted; /ready restored"
+        if self.run_state in ("failed", "aborted"):
+            return self._failure()
+        if self.paused:
+            return "paused: the wave drain waits for resume"
+        return ""
 
     @workflow.run
     async def run(self, plan: RestartPlan) -> RestartResult:
@@ -84,7 +101,7 @@ class WaveRestart(RunbookSteps):
         await workflow.wait_condition(workflow.all_handlers_finished)
         return RestartResult(
             fleet=plan.fleet, mode="wave", ok=ok, state=self.run_state, message=message,
-            started_at=self.started_at, finished_at=self.now(), engines=self.engines,
+            started_at=self.started_at, finished_at=self.now(), engines=self.engines, events=self.events,
         )  # fmt: skip
 
     def _failure(self) -> str:
@@ -101,20 +118,27 @@ class WaveRestart(RunbookSteps):
         return RestartProgress(
             fleet=self.fleet, mode="wave", workflow_id=workflow.info().workflow_id,
             state=self.state_keyword(),
-            paused=self.paused, message=self.header(), deadline_policy=self.deadline_policy,
+            paused=self.paused, message=self._message() or self.header(), deadline_policy=self.deadline_policy,
             supervisor=self.supervisor.backend, wave_id=self.wave_id, started_at=self.started_at,
-            updated_at=self.now(), engines=self.engines,
+            updated_at=self.now(), engines=self.engines, events=self.events,
         )  # fmt: skip
+
+    @workflow.signal
+    def launch_started(self, r: LaunchReport) -> None:
+        """From the restart activity, before it launches: the durable launch record."""
+        self.record_launch(r)
 
     @workflow.signal
     async def pause(self) -> None:
         """Takes effect before the wave drain only: once drained, the fleet is already down."""
         self.paused = True
+        self.note_event("paused")
         await self.publish()
 
     @workflow.signal
     async def resume(self) -> None:
         self.paused = False
+        self.note_event("resumed")
         await self.publish()
 
     @workflow.update

@@ -65,6 +65,7 @@ def build_worker(
             lifecycle.wait_ready_to_stop,
             lifecycle.readmit,
             lifecycle.confirm_active,
+            supervisor.probe_process,
             supervisor.restart_engine,
             supervisor.wait_new_process,
             supervisor.start_engine,

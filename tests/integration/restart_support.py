@@ -31,8 +31,9 @@ def new_fleet(prefix: str) -> str:
 
 
 def cli(t: Temporal, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    n = 2 if args[0] == "schedule" else 1  # the address goes after the (sub)command
     return subprocess.run(
-        [script("narwhal-restart"), args[0], "--address", t.address, *args[1:]],
+        [script("narwhal-restart"), *args[:n], "--address", t.address, *args[n:]],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -3,7 +3,6 @@ simulated engines under the local supervisor, ``narwhal-restart`` as a subproces
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import threading
@@ -59,14 +58,20 @@ async def test_rolling_restart_under_load_pause_resume_and_second_start_refused(
             assert cli(temporal, "pause", "--fleet", fleet).returncode == 0
             handle = temporal.client.get_workflow_handle(wid, result_type=RestartResult)
             p = await until("paused between engines", lambda: _paused_between_engines(handle))
+            # the pause took effect between engines: in the workflow's history no engine restart was
+            # started after the pause signal (whichever engine was in flight when it arrived finished)
+            assert [ev.kind for ev in p.events] == ["paused"]
+            assert await _children_started_after_pause(handle) == []
             touched = {i for i, e in p.engines.items() if e.step != "pending"}
-            assert len(touched) <= 1, p.engines  # at most the engine in flight when the pause arrived
+            assert len(touched) < len(before)
             restarts = supervisor_restarts(s.supervisor)
             second = cli(temporal, "start", *common, "--engines", "e3", "--task-queue", worker_queue)
             assert second.returncode == 2 and f"already running ({wid})" in second.stderr
             status = cli(temporal, "status", "--fleet", fleet, "--json")
             assert json.loads(status.stdout)["state"] == "paused"
-            await asyncio.sleep(1.0)  # paused: nothing else is drained meanwhile
+            # still paused after those round trips: nothing else was drained or restarted meanwhile
+            again = await progress(handle)
+            assert {i for i, e in again.engines.items() if e.step != "pending"} == touched
             assert supervisor_restarts(s.supervisor) == restarts
             assert all(engine_state(s.router.url, i) == "active" for i in before)
             assert cli(temporal, "resume", "--fleet", fleet).returncode == 0
@@ -82,7 +87,25 @@ async def test_rolling_restart_under_load_pause_resume_and_second_start_refused(
             assert "new process identity" in e["checks"] and e["checks"][-1] == "final health"
             assert e["new_process_start"] == pytest.approx(res.engines[iid].new_process_start)
         listed = cli(temporal, "list", "--fleet", fleet)
-        assert wid in listed.stdout and "COMPLETED" in listed.stdout
+        row = next(line for line in listed.stdout.splitlines() if line.startswith(wid))
+        assert " completed " in row and " done " in row, listed.stdout
+
+
+async def _children_started_after_pause(handle: WorkflowHandle[Any, Any]) -> list[str]:
+    """Engine restarts started by a workflow task that had seen the pause (a task already running
+    when the signal arrived may still start one: its commands land after the signal event)."""
+    history = await handle.fetch_history()
+    after: list[str] = []
+    paused = seen = False
+    for ev in history.events:
+        if ev.HasField("workflow_execution_signaled_event_attributes"):
+            paused = paused or ev.workflow_execution_signaled_event_attributes.signal_name == "pause"
+        elif paused and ev.HasField("workflow_task_started_event_attributes"):
+            seen = True  # this task and every later one know about the pause
+        elif seen and ev.HasField("start_child_workflow_execution_initiated_event_attributes"):
+            after.append(ev.start_child_workflow_execution_initiated_event_attributes.workflow_id)
+    assert paused, "no pause signal in the history"
+    return after
 
 
 async def _paused_between_engines(handle: WorkflowHandle[Any, Any]) -> RestartProgress | None:

@@ -17,7 +17,9 @@ from workflows.models import (
     EngineTarget,
     EngineView,
     FleetView,
+    LaunchReport,
     NewProcess,
+    ProcessProbe,
     ReadmitOutcome,
     ReadmitRequest,
     RestartOutcome,
@@ -52,6 +54,8 @@ class FakeFleet:
     readmit_gate: asyncio.Event | None = None
     readmit_entered: asyncio.Event = field(default_factory=asyncio.Event)
     wave_id: str = ""
+    lose_launch: dict[str, str] = field(default_factory=dict)  # iid -> "before" | "after" (one attempt)
+    launched_commands: list[str] = field(default_factory=list)  # every launch the fake performed
 
     @classmethod
     def of(cls, roles: list[str]) -> FakeFleet:
@@ -121,10 +125,35 @@ class FakeFleet:
             self.calls.append(f"start {req.iid}")
             return "started"
 
+        @activity.defn(name="probe_process")
+        async def probe_process(t: EngineTarget) -> ProcessProbe:
+            self.calls.append(f"probe {t.iid}")
+            if self.lose_launch.get(t.iid) == "external":  # someone else restarted it meanwhile
+                del self.lose_launch[t.iid]
+                self.engines[t.iid].start += 100.0
+            return ProcessProbe(iid=t.iid, process_start=self.engines[t.iid].start)
+
         @activity.defn(name="restart_engine")
         async def restart_engine(t: EngineTarget) -> RestartOutcome:
             self.calls.append(f"restart {t.iid}")
             e = self.engines[t.iid]
+            lost = self.lose_launch.pop(t.iid, "")
+            if lost == "before":  # the attempt dies before it reported (and so before it launched)
+                raise ApplicationError("worker lost", type="WorkerLost")
+            if t.launch > 0:
+                info = activity.info()
+                report = LaunchReport(iid=t.iid, launch=t.launch, at=1.0)
+                await (
+                    activity.client()
+                    .get_workflow_handle(info.workflow_id or "")
+                    .signal("launch_started", report)
+                )
+            if lost == "after":  # launched, then the attempt is lost before it completes
+                self.launched_commands.append(t.iid)
+                e.start += 100.0
+                e.restarts += 1
+                raise ApplicationError("worker lost", type="WorkerLost")
+            self.launched_commands.append(t.iid)
             if t.iid in self.never_back:  # e.g. the new process cannot bind its port
                 return RestartOutcome(iid=t.iid, restarted=True)
             if e.start == t.old_process_start:
@@ -179,6 +208,7 @@ class FakeFleet:
             drain,
             wait_ready_to_stop,
             start_engine,
+            probe_process,
             restart_engine,
             wait_new_process,
             readmit,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -341,6 +344,29 @@ async def test_command_backend_runs_once_and_is_guarded(tmp_path: Path) -> None:
     with pytest.raises(ApplicationError) as err:
         await ActivityEnvironment().run(acts.restart_engine, failing)
     assert err.value.type == "RestartCommandFailed" and err.value.non_retryable
+
+
+async def test_a_command_that_leaves_a_daemon_behind_completes_at_its_exit(tmp_path: Path) -> None:
+    acts = sup_acts(lambda req: metrics(100.0))
+    pid_file = tmp_path / "daemon.pid"
+    # the daemon inherits the command's stdout/stderr and outlives it (as `service x start` may)
+    cmd = f"sleep 60 & echo $! > {pid_file}; echo started"
+    target = EngineTarget(
+        iid="e0",
+        url="http://e0",
+        old_process_start=100.0,
+        supervisor=SupervisorRef(backend="command", command=cmd),
+    )
+    try:
+        out = await asyncio.wait_for(ActivityEnvironment().run(acts.restart_engine, target), 20)
+        assert out.restarted
+    finally:
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    failing = target.model_copy(
+        update={"supervisor": SupervisorRef(backend="command", command="echo no space left >&2; exit 4")}
+    )
+    with pytest.raises(ApplicationError, match="exited 4: no space left"):
+        await ActivityEnvironment().run(acts.restart_engine, failing)
 
 
 async def test_manual_backend_and_new_process_wait() -> None:

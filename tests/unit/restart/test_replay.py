@@ -8,6 +8,7 @@ written by ``scripts/record_histories.py``; the file name is the workflow id.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from temporalio.worker import Replayer
 
 from workflows.models import RestartPlan, RestartResult
 from workflows.restart import EngineRestart, RollingRestart, WaveRestart
-from workflows.steps import FLEET_KEY
+from workflows.steps import FLEET_KEY, PATCH_EXACTLY_ONCE_LAUNCH
 
 HISTORIES = Path(__file__).resolve().parents[2] / "fixtures" / "histories"
 FILES = sorted(HISTORIES.glob("*.json"))
@@ -29,12 +30,33 @@ def load(path: Path) -> WorkflowHistory:
     return WorkflowHistory.from_json(path.stem, path.read_text())
 
 
+def patch_ids(history: WorkflowHistory) -> set[str]:
+    """The ``workflow.patched`` ids recorded in a history (``core_patch`` markers)."""
+    ids = set()
+    for ev in history.events:
+        if ev.HasField("marker_recorded_event_attributes"):
+            m = ev.marker_recorded_event_attributes
+            if m.marker_name == "core_patch":
+                ids |= {json.loads(p.data).get("id", "") for p in m.details["patch-data"].payloads}
+    return ids
+
+
 def test_the_recorded_histories_are_there() -> None:
     names = {p.stem for p in FILES}
     # one parent per scenario, children for the rolling ones; a missing directory must not pass silently
     assert {"narwhal-restart-rolling", "narwhal-restart-wave", "engine-restart-readmit-retry-e0"} <= names
     types = {load(p).events[0].workflow_execution_started_event_attributes.workflow_type.name for p in FILES}
     assert types == {"EngineRestart", "RollingRestart", "WaveRestart"}
+    # histories from before and after the exactly-once launch patch: both paths must replay
+    assert {
+        "narwhal-restart-exactly-once",
+        "narwhal-restart-wave-exactly-once",
+        "narwhal-restart-canary",
+    } <= names
+    patched = {p.stem for p in FILES if PATCH_EXACTLY_ONCE_LAUNCH in patch_ids(load(p))}
+    assert {"engine-restart-exactly-once-e0", "narwhal-restart-wave-exactly-once"} <= patched
+    assert "engine-restart-rolling-e0" not in patched and "narwhal-restart-wave" not in patched
+    assert "launch_started" in (HISTORIES / "engine-restart-exactly-once-e1.json").read_text()
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])

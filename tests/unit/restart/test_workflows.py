@@ -262,3 +262,68 @@ async def test_wave_restart_timeout_then_abort_leaves_engines_held(ts_env: Workf
     assert res.state == "aborted" and not res.ok
     assert res.engines["e1"].outcome == "aborted"
     assert not any(c.startswith("readmit") for c in fleet.calls)  # nobody is readmitted: engines stay held
+
+
+# -- exactly-once launches ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["rolling", "wave"])
+async def test_a_lost_attempt_that_never_launched_is_launched_again(
+    ts_env: WorkflowEnvironment, mode: str
+) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill", "decode", "decode"])
+    fleet.lose_launch["e1"] = "before"
+    async with running(ts_env, fleet) as tq:
+        res = await done(await start(ts_env, tq, plan(mode=mode)))
+    assert res.ok, res.message
+    assert order(fleet, "restart").count("e1") == 2  # the lost attempt reported nothing: launch again
+    assert fleet.launched_commands.count("e1") == 1 and fleet.engines["e1"].restarts == 1
+
+
+@pytest.mark.parametrize("mode", ["rolling", "wave"])
+async def test_a_recorded_launch_is_never_repeated(ts_env: WorkflowEnvironment, mode: str) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill", "decode", "decode"])
+    fleet.lose_launch["e1"] = "after"
+    async with running(ts_env, fleet) as tq:
+        res = await done(await start(ts_env, tq, plan(mode=mode)))
+    assert res.ok, res.message
+    assert order(fleet, "restart").count("e1") == 1 and fleet.launched_commands.count("e1") == 1
+    assert res.engines["e1"].new_process_start == 1101.0
+
+
+async def test_an_engine_already_running_a_newer_process_is_not_launched(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill"])
+    fleet.lose_launch["e0"] = "external"
+    async with running(ts_env, fleet) as tq:
+        res = await done(await start(ts_env, tq, plan()))
+    assert res.ok, res.message
+    assert order(fleet, "restart") == ["e1"] and order(fleet, "probe") == ["e0", "e1"]
+    assert res.engines["e0"].outcome == "restarted" and not res.engines["e0"].restarted_by_us
+
+
+# -- canary gate --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("release", ["approve", "resume"])
+async def test_canary_gate_waits_for_the_operator_after_n_engines(
+    ts_env: WorkflowEnvironment, release: str
+) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill", "decode", "decode"])
+    async with running(ts_env, fleet) as tq:
+        h = await start(ts_env, tq, plan(pause_after=2))
+        p = await until(h, lambda p: p.state == "waiting_operator")
+        assert [e.outcome for e in p.engines.values()] == ["restarted", "restarted", "pending", "pending"]
+        assert "canary gate" in p.message and p.events[-1].kind == "waiting_for_operator"
+        assert order(fleet, "drain") == ["e0", "e1"]  # nothing after the gate
+        with pytest.raises(WorkflowUpdateFailedError):  # naming an engine is not the gate
+            await h.execute_update("approve", OperatorRequest(iid="e2"), result_type=OperatorAnswer)
+        if release == "approve":
+            ans = await h.execute_update("approve", OperatorRequest(by="ann"), result_type=OperatorAnswer)
+            assert "canary gate approved" in ans.message
+        else:
+            await h.signal("resume")
+        res = await done(h)
+    assert res.ok and order(fleet, "drain") == ["e0", "e1", "e2", "e3"]
+    kinds = [ev.kind for ev in res.events]
+    assert kinds == ["waiting_for_operator", "approved" if release == "approve" else "resumed"]
+    assert (res.events[-1].by == "ann") is (release == "approve")
