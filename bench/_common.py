@@ -95,6 +95,7 @@ class Sample:
     ok: bool
     error: str = ""
     target: str = ""  # which URL answered (router / prefill+decode pair)
+    frames: int = 0  # token frames received (streamed requests)
 
 
 class RequestFailed(Exception):
@@ -218,6 +219,7 @@ class LoadResult:
         ttft = [s.ttft for s in ok if s.ttft]
         return {
             "requests": float(len(ok)),
+            "frames": float(sum(s.frames for s in ok)),
             "errors": float(len(self.samples) - len(ok)),
             "rps": len(ok) / self.wall_s if self.wall_s else 0.0,
             "p50_ms": pct(lat, 50) * 1e3,
@@ -283,8 +285,8 @@ async def closed_loop(
                 i = next(counter)
                 t0 = time.perf_counter()
                 try:
-                    ttft, _ = await send(session, i)
-                    result.samples.append(Sample(t0, time.perf_counter(), ttft, True))
+                    ttft, frames = await send(session, i)
+                    result.samples.append(Sample(t0, time.perf_counter(), ttft, True, frames=frames))
                 except RequestFailed as exc:
                     result.samples.append(Sample(t0, time.perf_counter(), 0.0, False, exc.kind))
 

@@ -55,6 +55,12 @@ from tests.support.procs import BIN, Proc, ProcGroup, free_port, proc_group, scr
 PROMPTS = {"short": SHORT_PROMPT, "long": LONG_PROMPT}
 
 
+def workload(name: str, max_tokens: int) -> tuple[str, int]:
+    """``short`` / ``long`` (prompt, ``--max-tokens`` output) or ``<prompt>-<N>`` (N output tokens)."""
+    prompt, _, n = name.partition("-")
+    return PROMPTS[prompt], int(n) if n else max_tokens
+
+
 @dataclass
 class System:
     name: str
@@ -62,9 +68,11 @@ class System:
     make_sender: Callable[[dict[str, Any]], Callable[..., Any]]
 
 
-def start_engines(group: ProcGroup, pin: Pinning, sim_opts: dict[str, Any]) -> tuple[list[str], list[str]]:
+def start_engines(
+    group: ProcGroup, pin: Pinning, sim_opts: dict[str, Any], procs: list[Proc] | None = None
+) -> tuple[list[str], list[str]]:
     urls: list[str] = []
-    procs: list[Proc] = []
+    procs = procs if procs is not None else []
     for i in range(4):
         port = free_port()
         procs.append(group.start(f"e{i}", pin.server_cmd(sim_command(f"e{i}", port, MODEL, **sim_opts))))
@@ -115,7 +123,8 @@ def run_matrix(a: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pd_routers.") as tmpdir, proc_group(Path(tmpdir)) as group:
         tmp = Path(tmpdir)
-        prefills, decodes = start_engines(group, pin, sim_opts)
+        engine_procs: list[Proc] = []
+        prefills, decodes = start_engines(group, pin, sim_opts, engine_procs)
         systems = [
             System("direct-pd", None, lambda body: direct_pd_sender(prefills, decodes, body)),
             start_narwhal(group, pin, tmp, prefills, decodes),
@@ -125,15 +134,17 @@ def run_matrix(a: argparse.Namespace) -> dict[str, Any]:
         pin.pin_self()
         for rep in range(a.reps):
             for prompt in a.prompts:
-                body = completion_body(PROMPTS[prompt], a.max_tokens)
+                text, max_tokens = workload(prompt, a.max_tokens)
+                body = completion_body(text, max_tokens)
                 for conc in a.concurrency:
                     order = systems[rep % len(systems) :] + systems[: rep % len(systems)]
                     for system in order:
-                        cpu0 = [0.0]
+                        cpu0 = [0.0, 0.0]
                         pid = system.proc.pid if system.proc else 0
 
                         def mark(pid: int = pid, cpu0: list[float] = cpu0) -> None:
                             cpu0[0] = proc_cpu_s(pid) if pid else 0.0
+                            cpu0[1] = sum(proc_cpu_s(p.pid) for p in engine_procs)
 
                         res = run_async(
                             closed_loop(
@@ -141,10 +152,16 @@ def run_matrix(a: argparse.Namespace) -> dict[str, Any]:
                             )
                         )
                         cpu = (proc_cpu_s(pid) - cpu0[0]) if pid else 0.0
+                        engines_cpu = sum(proc_cpu_s(p.pid) for p in engine_procs) - cpu0[1]
                         s = res.summary()
                         n_all = len(res.samples)
                         # CPU over the measured window ÷ every request sent in it (completed + failed)
                         s["cpu_ms_per_req"] = cpu / n_all * 1e3 if system.proc and n_all else 0.0
+                        # ... and ÷ every token frame the clients received (the relay's unit of work)
+                        s["cpu_us_per_token"] = (
+                            cpu / s["frames"] * 1e6 if system.proc and s["frames"] else 0.0
+                        )
+                        s["engine_cpu_ms_per_req"] = engines_cpu / n_all * 1e3 if n_all else 0.0
                         s["router_cpu_util"] = cpu / res.wall_s if system.proc else 0.0
                         row = {"system": system.name, "prompt": prompt, "concurrency": conc, "rep": rep, **s}
                         row["error_kinds"] = dict(res.errors)
@@ -153,7 +170,8 @@ def run_matrix(a: argparse.Namespace) -> dict[str, Any]:
                             f"rep {rep} {prompt:5} c={conc:<3} {system.name:12} "
                             f"{s['rps']:8.1f} req/s p50 {s['p50_ms']:7.1f} p99 {s['p99_ms']:7.1f} "
                             f"ttft50 {s['ttft_p50_ms']:6.1f} ttft99 {s['ttft_p99_ms']:6.1f} "
-                            f"cpu/req {s['cpu_ms_per_req']:.3f} ms err {int(s['errors'])} "
+                            f"cpu/req {s['cpu_ms_per_req']:.3f} ms cpu/tok {s['cpu_us_per_token']:.1f} us "
+                            f"engines {s['engine_cpu_ms_per_req']:.3f} ms/req err {int(s['errors'])} "
                             f"lg-cpu {s['loadgen_cpu_util']:.2f}",
                             file=sys.stderr,
                             flush=True,
@@ -161,7 +179,17 @@ def run_matrix(a: argparse.Namespace) -> dict[str, Any]:
     return {"pinning": pin.describe(), "sim": sim_opts, "rows": rows}
 
 
-METRICS = ("rps", "p50_ms", "p99_ms", "ttft_p50_ms", "ttft_p99_ms", "cpu_ms_per_req", "loadgen_cpu_util")
+METRICS = (
+    "rps",
+    "p50_ms",
+    "p99_ms",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "cpu_ms_per_req",
+    "cpu_us_per_token",
+    "engine_cpu_ms_per_req",
+    "loadgen_cpu_util",
+)
 
 
 def aggregate(rows: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, Spread]]:
@@ -182,7 +210,7 @@ def report(result: dict[str, Any], command: str) -> str:
         "",
     ]
     headers = [
-        "prompt",
+        "workload",
         "streams",
         "system",
         "req/s",
@@ -191,13 +219,15 @@ def report(result: dict[str, Any], command: str) -> str:
         "TTFT p50 ms",
         "TTFT p99 ms",
         "router CPU ms/req",
+        "router CPU µs/token",
+        "engines CPU ms/req",
         "req/s ÷ best router",
         "p50 ÷ best router",
         "req/s ÷ floor",
         "errors",
     ]
     table: list[list[str]] = []
-    keys = sorted({(k[0], k[1]) for k in agg}, key=lambda k: (k[0] != "short", k[1]))
+    keys = sorted({(k[0], k[1]) for k in agg}, key=lambda k: (k[0] != "short", k[0], k[1]))
     errors: dict[tuple[str, int, str], int] = {}
     for r in result["rows"]:
         key = (r["prompt"], r["concurrency"], r["system"])
@@ -224,6 +254,8 @@ def report(result: dict[str, Any], command: str) -> str:
                     v["ttft_p50_ms"].fmt(1),
                     v["ttft_p99_ms"].fmt(1),
                     v["cpu_ms_per_req"].fmt(3) if is_router else "—",
+                    v["cpu_us_per_token"].fmt(1) if is_router else "—",
+                    v["engine_cpu_ms_per_req"].fmt(3),
                     f"{v['rps'].median / best_rps:.2f}" if is_router and best_rps else "—",
                     f"{v['p50_ms'].median / best_p50:.2f}" if is_router and best_p50 else "—",
                     f"{v['rps'].median / floor['rps'].median:.2f}" if floor and floor["rps"].median else "—",
@@ -341,7 +373,12 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smoke: 1 rep, 16 streams, short prompt, 1 s runs")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64, 256])
-    ap.add_argument("--prompts", type=lambda s: s.split(","), default=["short", "long"])
+    ap.add_argument(
+        "--prompts",
+        type=lambda s: s.split(","),
+        default=["short", "long", "short-256"],
+        help="workloads: short / long prompt with --max-tokens output, or <prompt>-<N> for N tokens",
+    )
     ap.add_argument("--systems", type=lambda s: s.split(","), default=["direct-pd", "narwhal", "vllm-router"])
     ap.add_argument("--duration", type=float, default=4.0, help="measured seconds per run")
     ap.add_argument("--warmup", type=float, default=0.5)

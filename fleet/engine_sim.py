@@ -41,6 +41,10 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     ap.add_argument("--itl-ms", type=float, default=2.0)
     ap.add_argument("--max-concurrency", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-model-len", type=int, default=8192, help="context length reported in /v1/models")
+    ap.add_argument(
+        "--sse-line-ending", choices=("lf", "crlf", "cr"), default="lf", help="line ends of streamed SSE"
+    )
     ap.add_argument("--kv-lease-s", type=int, default=60, help="produced KV blocks expire after this")
     ap.add_argument(
         "--no-attestation",
@@ -72,6 +76,8 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         max_concurrency=a.max_concurrency,
         seed=a.seed,
         kv_lease_s=a.kv_lease_s,
+        sse_line_ending=a.sse_line_ending,
+        max_model_len=a.max_model_len,
         attestation=a.attestation,
     )
 

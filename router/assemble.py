@@ -57,6 +57,8 @@ class RouterOptions:
     # HA (router/ha/settings.py; None = fleet file ``ha`` / ``recovery`` value)
     resume: bool | None = None
     lease_path: str | None = None
+    etcd_endpoints: str | None = None
+    etcd_prefix: str | None = None
     router_id: str | None = None
     lease_ttl: float | None = None
     lease_renew_interval: float | None = None
@@ -174,7 +176,7 @@ def assemble(config: FleetConfig, options: RouterOptions | None = None, clock: C
     life.service.persist_hooks.append(ha.persist)  # the state file follows every lifecycle change
     parts.metrics.extra_metric_sources.append(ha.metric_lines)
     settings, endpoints = replica_wiring.settings_for(config, options, ha.settings)
-    replicas = replica_wiring.replica_components(core, life.service, settings, endpoints, parts.prober)
+    replicas = replica_wiring.replica_components(core, life.service, settings, endpoints, parts.prober, ha)
     state = StateApi(core, parts.breaker, life.service, life.monitor.health)
     router = Router(
         core, options, parts, life.service, life.monitor, ha, ContextLimits(core), replicas, state=state

@@ -90,6 +90,7 @@ class ServingSettings(_Frozen):
     max_attempts: int = Field(default=2, ge=1)
     max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    client_write_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
     # a request's max_tokens above this (or above the smallest max_model_len the engines report
     # in /v1/models) is a 400 before any engine is touched; None: only the reported context bounds
     max_tokens_limit: int | None = Field(default=None, ge=1)
@@ -107,6 +108,13 @@ class ServingSettings(_Frozen):
             if not key.startswith("retry_"):
                 raise ValueError(f"unknown key serving.{key}")
         return self
+
+
+class SLOSettings(_Frozen):
+    """Service-level objectives (spec §8 ``slo_met``)."""
+
+    ttft_s: float = Field(gt=0, allow_inf_nan=False)
+    tpot_s: float = Field(gt=0, allow_inf_nan=False)
 
 
 class RecoverySettings(_Frozen):
@@ -149,6 +157,8 @@ class HASettings(_Frozen):
     """Lease settings (our extension, ``ha`` key); CLI flags override them."""
 
     lease_path: str = ""
+    etcd_endpoints: str = ""
+    etcd_prefix: str = ""
     router_id: str = ""
     lease_ttl_s: float = Field(default=5.0, gt=0)
     lease_renew_interval_s: float = Field(default=1.0, gt=0)
@@ -235,7 +245,7 @@ class FleetConfig(_Frozen):
     controller: ControllerSettings = ControllerSettings()
     control: ControlSettings = ControlSettings()
     ha: HASettings = HASettings()
-    slo: dict[str, Any] | None = None  # accepted, unused
+    slo: SLOSettings | None = None
     profiles: dict[str, Any] | None = None  # accepted, unused
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)

@@ -47,6 +47,9 @@ USED: dict[str, str] = {
     "serving.queue_capacity": "router/serving/handler.py",
     "serving.queue_timeout_s": "router/serving/handler.py",
     "serving.max_request_bytes": "router/serving/handler.py",
+    "serving.max_response_bytes": "router/engines/legs.py",
+    "serving.client_write_timeout_s": "router/serving/handler.py",
+    "slo": "router/serving/outcome.py",
     "serving.graceful_timeout_s": "router/cli.py",
     "serving.max_tokens_limit": "router/context_limits.py",
     "serving.max_client_connections": "router/connections.py",
@@ -70,6 +73,8 @@ USED: dict[str, str] = {
     "control.host": "router/listeners.py",
     "control.port": "router/listeners.py",
     "ha.lease_path": "router/ha/settings.py",
+    "ha.etcd_endpoints": "router/ha/settings.py",
+    "ha.etcd_prefix": "router/ha/settings.py",
     "ha.router_id": "router/ha/settings.py",
     "ha.lease_ttl_s": "router/ha/settings.py",
     "ha.lease_renew_interval_s": "router/ha/settings.py",
@@ -88,12 +93,10 @@ UNUSED: dict[str, str] = {
     "engines[].shared_device": "device sharing is not modelled: placement and the breaker treat "
     "every engine as its own device",
     "engine.tokenize": "exact prompt sizing via /tokenize is not implemented",
-    "serving.max_response_bytes": "engine responses are not size-limited yet",
     "serving.admission": "predictive admission is not implemented",
     "serving.retry_*": "retry tuning of Narwhal 0.7.0 is not implemented; serving.max_attempts is",
     "recovery.health": "drift ejection is not implemented",
     "controller.*": "the role controller is not implemented",
-    "slo": "SLO accounting (slo_met) and SLO-aware placement are not implemented",
     "profiles": "engine profiling is not implemented; profiles.path only places the default journal",
 }
 

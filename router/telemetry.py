@@ -14,15 +14,16 @@ aiohttp clients inject it, the aiohttp server middleware continues it, and the T
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import httpx
 from aiohttp import web
-from opentelemetry import metrics, trace
+from opentelemetry import metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
@@ -115,6 +116,18 @@ def setup_tracing(service_name: str) -> TracerProvider | None:
 def tracing_installed() -> bool:
     """True once ``setup_tracing`` installed a provider in this process."""
     return _tracer_provider is not None
+
+
+@contextlib.contextmanager
+def client_span(method: str, url: str) -> Iterator[dict[str, str]]:
+    """A CLIENT span around one engine call made without an instrumented client library; yields
+    the W3C headers (``traceparent``) to send with it."""
+    tracer = trace.get_tracer(INSTRUMENTATION_NAME)
+    attributes = {"http.request.method": method, "http.method": method, "url.full": url, "http.url": url}
+    with tracer.start_as_current_span(method, kind=trace.SpanKind.CLIENT, attributes=attributes):
+        headers: dict[str, str] = {}
+        propagate.inject(headers)
+        yield headers
 
 
 def in_memory_tracer_provider(

@@ -24,4 +24,5 @@ if [ -z "${NARWHAL_ENV_FILE:-}" ] && [ ! -f deploy/narwhal.env ]; then
 fi
 docker-compose -f docker-compose.yml config -q
 docker-compose -f docker-compose.yml -f deploy/compose.router-a-standby.yml config -q
+docker-compose -f docker-compose.yml -f deploy/compose.active-active.yml config -q
 echo "check_compose: docker-compose.yml is valid ($(docker-compose version --short))"

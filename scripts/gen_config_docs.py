@@ -50,7 +50,10 @@ DESCRIPTIONS: dict[str, str] = {
     "controller": "Background monitor loop and role floors.",
     "control": "Control-plane security and listener (Narwhal extension).",
     "ha": "Lease and warm-standby settings (Narwhal extension); `narwhal-serve` flags override them.",
-    "slo": "Service-level objectives of Narwhal 0.7.0 (`ttft_s`, `tpot_s`).",
+    "slo": "Service-level objectives `{ttft_s, tpot_s}` (both required, seconds, > 0): a served "
+    "request with TTFT (arrival to first token) ≤ `ttft_s` and time per output token (first token "
+    "to the end, per later token) ≤ `tpot_s` counts in `slo_met` (`narwhal_slo_met_total`); absent: "
+    "`slo_met` stays 0. Placement does not use it.",
     "profiles": "Engine profiles of Narwhal 0.7.0 (`path`).",
     # engines[]
     "engines[].iid": "Engine ID used in the lifecycle API, metrics and journal.",
@@ -84,7 +87,12 @@ DESCRIPTIONS: dict[str, str] = {
     "(counted `expired`, reason `queue_timeout`); 0 = bounded by `serving.request_timeout_s` only.",
     "serving.max_attempts": "Full prefill+decode attempts per request; never retried after output started.",
     "serving.max_request_bytes": "Largest accepted request body (413 `request_too_large` above).",
-    "serving.max_response_bytes": "Largest engine response relayed to a client.",
+    "serving.max_response_bytes": "Largest engine response (body bytes of one leg) the router "
+    "takes; past it the request fails with reason `response_limit`: 502 before any output reached "
+    "the client, an error event on a started stream. Never retried, no breaker evidence.",
+    "serving.client_write_timeout_s": "How long a streaming client may leave the router's writes "
+    "unread (its connection over the write high-water mark) before the stream is cut: counted "
+    "`cancelled` with reason `slow_client` in the journal, the engine's decode leg is closed.",
     "serving.max_client_connections": "Most client connections the router holds open at once; one "
     "more is accepted and closed at once (`narwhal_connections_refused_total`). The effective bound "
     "is also at most half of the descriptors `RLIMIT_NOFILE` leaves after `fd_reserve` (logged at "
@@ -143,7 +151,13 @@ DESCRIPTIONS: dict[str, str] = {
     "with `/health`, `/ready` and `/metrics`; completions and `/v1/*` stay on the client listener. "
     "Must differ from the client `--port`.",
     # ha
-    "ha.lease_path": "Lease file shared by the router pair (`--lease-path`); empty disables fencing.",
+    "ha.lease_path": "Lease file shared by the router pair (`--lease-path`); empty disables fencing "
+    "unless `ha.etcd_endpoints` is set. Not together with `ha.etcd_endpoints` (exit 2).",
+    "ha.etcd_endpoints": "Comma-separated etcd client URLs `http://host:port` (`--etcd-endpoints`): "
+    "the lease (holder key on an etcd lease), the epoch counter and the fenced handoff live in etcd "
+    "(docs/ha.md). Empty: the file lease (`ha.lease_path`) or none.",
+    "ha.etcd_prefix": "Key prefix in etcd (`--etcd-prefix`; empty: `/narwhal/<model>/`). Must start "
+    "and end with `/`; one prefix per fleet.",
     "ha.router_id": "Router ID in the lease holder token (`--router-id`; default `<hostname>:<port>`).",
     "ha.lease_ttl_s": "Lease lifetime (`--lease-ttl`); must exceed renew interval + safety margin.",
     "ha.lease_renew_interval_s": "Lease renewal cadence (`--lease-renew-interval`).",

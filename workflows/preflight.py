@@ -25,7 +25,7 @@ from activities.documents import (
     lifecycle_document,
     target_urls,
 )
-from activities.router import NOT_CONTROLLING, view_of
+from activities.router import NOT_CONTROLLING, holder_hint, view_of
 from workflows.models import DeadlinePolicy, FleetView, RestartMode, SupervisorBackend, fleet_slug
 
 
@@ -74,7 +74,8 @@ async def _get(http: httpx.AsyncClient, url: str, token_env: str = "") -> tuple[
 async def find_holder(http: httpx.AsyncClient, routers: list[str], token_env: str) -> FleetView:
     answers: list[str] = []
     holder: FleetView | None = None
-    for url in routers:
+    order = list(routers)
+    for url in order:  # grows by the holder URL an active-active replica names
         try:
             status, body = await _get(http, f"{url}/narwhal/lifecycle", token_env)
         except httpx.HTTPError as exc:
@@ -91,6 +92,9 @@ async def find_holder(http: httpx.AsyncClient, routers: list[str], token_env: st
         answers.append(f"{url}: controls_fleet={view.controls_fleet}")
         if view.controls_fleet and holder is None:
             holder = view
+        hint = holder_hint(body)
+        if hint and hint not in order:
+            order.append(hint)
     if holder is None:
         if not any("controls_fleet" in a for a in answers):
             raise PreflightError("no router answered the lifecycle API: " + "; ".join(answers))

@@ -30,6 +30,7 @@ class SimConfig:
     kv_lease_s: int = 60
     block_size: int = 16
     max_model_len: int = 8192
+    sse_line_ending: Literal["lf", "crlf", "cr"] = "lf"  # how streamed SSE lines end
     attestation: bool = True  # serve GET /v1/attestation itself (off: a narwhal-attest sidecar does)
 
     @property

@@ -186,6 +186,7 @@ class Generator:
         headers: dict[str, str],
     ) -> web.StreamResponse:
         st = self.state
+        eol = _EOLS[st.cfg.sse_line_ending]
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
         )
@@ -194,7 +195,7 @@ class Generator:
         sent = 0
         try:
             if st.faults.generation_fail:
-                await _write(request, resp, oai.usage_chunk(meta, p.prompt_tokens, 0))
+                await _write(request, resp, eol, oai.usage_chunk(meta, p.prompt_tokens, 0))
             else:
                 for i, tok in enumerate(tokens):
                     await asyncio.sleep(ttft if i == 0 else itl)
@@ -213,14 +214,14 @@ class Generator:
                         obj = orjson.loads(frame[6:])
                         obj["kv_transfer_params"] = self._descriptor(p)
                         frame = oai.sse(obj)
-                    await _write(request, resp, frame)
+                    await _write(request, resp, eol, frame)
                     sent += 1
                 if p.include_usage:
-                    await _write(request, resp, oai.usage_chunk(meta, p.prompt_tokens, sent))
-            await _write(request, resp, oai.DONE)
+                    await _write(request, resp, eol, oai.usage_chunk(meta, p.prompt_tokens, sent))
+            await _write(request, resp, eol, oai.DONE)
             await resp.write_eof()
             self._account(p, sent)
-        except ConnectionResetError:
+        except ConnectionError:  # reset, or lost while waiting for the reader to drain
             st.stats.cancelled_streams += 1
         except asyncio.CancelledError:
             st.stats.cancelled_streams += 1
@@ -230,7 +231,12 @@ class Generator:
         return resp
 
 
-async def _write(request: web.Request, resp: web.StreamResponse, data: bytes) -> None:
+_EOLS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
+
+
+async def _write(request: web.Request, resp: web.StreamResponse, eol: bytes, data: bytes) -> None:
+    if eol != b"\n":  # SSE line ends may be CRLF or CR too (frames hold no raw LF but their own)
+        data = data.replace(b"\n", eol)
     transport = request.transport
     if transport is None or transport.is_closing():
         raise ConnectionResetError("client closed the stream")

@@ -74,13 +74,22 @@ class Switch:
 class RouterPicker:
     """Polls ``/ready`` of every router; ``current`` is the first one that answered 200 last round."""
 
-    def __init__(self, session: aiohttp.ClientSession, routers: Sequence[str], poll_s: float = READY_POLL_S):
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        routers: Sequence[str],
+        poll_s: float = READY_POLL_S,
+        spread: bool = False,
+    ) -> None:
         self.session = session
         self.routers = [r.rstrip("/") for r in routers]
         self.poll_s = poll_s
         self.current: str | None = None
         self.switches: list[Switch] = []
         self.ready_event = asyncio.Event()
+        self.spread = spread  # active-active replicas: spread requests over every ready router
+        self.ready: list[str] = []
+        self._turn = 0
 
     async def _ready(self, url: str) -> bool:
         try:
@@ -92,6 +101,7 @@ class RouterPicker:
     async def poll_once(self) -> str | None:
         answers = await asyncio.gather(*(self._ready(u) for u in self.routers))
         ready = [u for u, ok in zip(self.routers, answers, strict=True) if ok]
+        self.ready = ready
         chosen = self.current if self.current in ready else (ready[0] if ready else None)
         if chosen != self.current:
             self.switches.append(Switch(time.time(), chosen))
@@ -108,6 +118,9 @@ class RouterPicker:
             await asyncio.sleep(self.poll_s)
 
     async def wait_ready(self, within_s: float) -> str | None:
+        if self.spread and self.ready:  # active-active: every ready replica in turn
+            self._turn = (self._turn + 1) % len(self.ready)
+            return self.ready[self._turn]
         if self.current is not None:
             return self.current
         # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (stop() hangs)
@@ -141,8 +154,10 @@ class LoadGenerator:
         think_s: float = 0.02,
         request_timeout_s: float = 60.0,
         no_router_timeout_s: float = 10.0,
+        spread: bool = False,
     ) -> None:
         self.routers = list(routers)
+        self.spread = spread
         self.model = model
         self.concurrency = concurrency
         self.max_tokens = max_tokens
@@ -172,7 +187,7 @@ class LoadGenerator:
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-        self.picker = RouterPicker(self._session, self.routers)
+        self.picker = RouterPicker(self._session, self.routers, spread=self.spread)
         await self.picker.poll_once()
         self._tasks.append(asyncio.create_task(self.picker.run(), name="narwhal-up-ready-poller"))
         for i in range(self.concurrency):

@@ -2,7 +2,8 @@
 
 Starts (each a child process in its own process group, logs in ``<state-dir>/logs``): a Temporal
 dev server (persistent, UI), the local supervisor with N simulated engines (half prefill, half
-decode), a primary and a warm-standby router on one lease file, and the restart worker. Then it
+decode), a primary and a warm-standby router on one lease file (``--etcd``: on a local etcd
+member), and the restart worker. Then it
 sends completions (streamed and buffered) to whichever router is ready, runs a rolling (or wave)
 restart through ``narwhal-restart start``, follows it, and prints a summary. With ``--failover`` it
 also SIGKILLs the primary router (by PID) once the restart's second engine has begun, so the standby
@@ -23,6 +24,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -41,7 +43,7 @@ from fleet.up.stack import MODEL, Stack, StartupError, Timings, roles, rolling_p
 from fleet.up.summary import EngineChange, Failover, Summary, Takeover
 from fleet.up.watch import RPC_TIMEOUT, HAWatcher, failover_trigger, progress_lines
 
-STOP_ORDER = ("restart-cli", "worker", "router-standby", "router-primary", "supervisor", "temporal")
+STOP_ORDER = ("restart-cli", "worker", "router-standby", "router-primary", "supervisor", "temporal", "etcd")
 
 
 def say(msg: str) -> None:
@@ -64,6 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="during the restart (once the second engine's step has begun) SIGKILL the primary router "
         "so the standby takes over; requests in flight on it that the kill cuts are reported as "
         "'cut by the injected router kill' and are NOT counted as failures for the exit code",
+    )
+    p.add_argument(
+        "--etcd",
+        action="store_true",
+        help="start a local etcd member (Debian: etcd-server) and run the router pair on the etcd "
+        "lease backend instead of a lease file",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --etcd: N active-active router replicas (all serve, the lease holder controls) "
+        "instead of the primary/standby pair; the load is spread over them",
     )
     p.add_argument("--restart-timeout", type=float, default=600.0, help="seconds to wait for the restart")
     p.add_argument("--traces-url", default=os.environ.get("NARWHAL_TRACES_URL", ""), help="trace UI link")
@@ -148,8 +164,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"narwhal-up: {exc}", file=sys.stderr)
         return 2
+    if args.etcd and shutil.which("etcd") is None:
+        print("narwhal-up: --etcd needs the etcd binary on PATH (Debian: apt-get install etcd-server)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.replicas and (args.replicas < 2 or not args.etcd):
+        print("narwhal-up: --replicas N needs N >= 2 and --etcd (active-active runs on the etcd backend)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.replicas and args.failover:
+        print("narwhal-up: --failover kills the primary of the router pair; it does not combine with "
+              "--replicas", file=sys.stderr)  # fmt: skip
+        return 2
     overrides = {name: getattr(args, name) for name in OFFSETS}
-    ports = plan_ports(args.base_port, args.engines, overrides)
+    ports = plan_ports(args.base_port, args.engines, overrides, with_etcd=args.etcd, replicas=args.replicas)
     problems = port_problems(ports)
     if problems:
         for line in problems:
@@ -160,7 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if lock is None:
         return 2
     try:
-        stack = Stack(state_dir, ports, timings, args.fleet_name, args.prefill)
+        stack = Stack(
+            state_dir, ports, timings, args.fleet_name, args.prefill, etcd=args.etcd, replicas=args.replicas
+        )
         return asyncio.run(supervise(stack, args))
     finally:
         lock.close()
@@ -206,7 +236,8 @@ async def shutdown(stack: Stack) -> None:
         await stack.load.stop()
     if stack.watcher is not None:
         await stack.watcher.stop()
-    await stack.procs.stop_all(STOP_ORDER)
+    replicas = tuple(f"router-{name}" for name in stack.routers) if stack.replicas else ()
+    await stack.procs.stop_all((*STOP_ORDER[:2], *replicas, *STOP_ORDER[2:]))
     left = [f"{n} (pid {c.pid})" for n, c in stack.procs.children.items() if c.alive()]
     if left:
         say("could not stop: " + ", ".join(left))
@@ -222,12 +253,21 @@ async def up(stack: Stack, args: argparse.Namespace) -> int:
     await stack.start_temporal()
     say(f"starting supervisor {stack.supervisor_url} with {len(stack.iids)} engines ...")
     await stack.start_supervisor()
+    if stack.etcd:
+        say(f"starting etcd {stack.etcd_url} (the router pair's lease backend) ...")
+        await stack.start_etcd()
     wait = stack.stale_lease_wait()
     if wait > 0:
         say(f"a previous run's lease in {stack.lease_path} expires in {wait:.1f}s; waiting")
         await asyncio.sleep(wait + 0.1)
-    say(f"starting routers: primary {stack.primary_url}, standby {stack.standby_url} ...")
-    await stack.start_routers()
+    if stack.replicas:
+        say(
+            f"starting {stack.replicas} active-active router replicas: {', '.join(stack.routers.values())} ..."
+        )
+        await stack.start_replicas()
+    else:
+        say(f"starting routers: primary {stack.primary_url}, standby {stack.standby_url} ...")
+        await stack.start_routers()
     watcher = HAWatcher(stack.routers, on_takeover=_announce_takeover)
     stack.watcher = watcher
     async with httpx.AsyncClient() as http:
@@ -238,7 +278,7 @@ async def up(stack: Stack, args: argparse.Namespace) -> int:
     if args.load_concurrency > 0:
         load = LoadGenerator(
             list(stack.routers.values()), MODEL, concurrency=args.load_concurrency,
-            max_tokens=stack.t.max_tokens, think_s=stack.t.think_s,
+            max_tokens=stack.t.max_tokens, think_s=stack.t.think_s, spread=bool(stack.replicas),
         )  # fmt: skip
         stack.load = load
         await load.start()
@@ -301,8 +341,17 @@ def _print_ready(stack: Stack, args: argparse.Namespace, took: float) -> None:
         f"stack is up in {took:.1f}s",
         f"  Temporal    {stack.temporal_address}   UI {stack.ui_url}",
         f"  supervisor  {stack.supervisor_url}   engines: {engines}",
-        f"  router      {stack.primary_url}   primary (lease {stack.lease_path.name}, epoch {epoch})",
-        f"  standby     {stack.standby_url}   warm standby of the primary",
+        *(
+            [
+                f"  replicas    {', '.join(stack.routers.values())}   active-active, every one serves "
+                f"(epoch {epoch}); the load is spread over them"
+            ]
+            if stack.replicas
+            else [
+                f"  router      {stack.primary_url}   primary (lease {stack.lease_path.name}, epoch {epoch})",
+                f"  standby     {stack.standby_url}   warm standby of the primary",
+            ]
+        ),
         "  worker      task queue narwhal-restart",
         f"  load        {args.load_concurrency} concurrent clients, streamed + buffered completions",
         *(

@@ -20,6 +20,8 @@ OFFSETS: dict[str, tuple[int, int, str]] = {
     "supervisor": (8900, 4, "--supervisor-port"),
     "router": (8000, 5, "--router-port"),
     "standby": (8001, 6, "--standby-port"),
+    "etcd_client": (2379, 7, "--etcd-port"),  # only with --etcd
+    "etcd_peer": (2380, 8, "--etcd-peer-port"),  # only with --etcd
     "engine_base": (8100, 10, "--engine-base-port"),
 }
 
@@ -33,8 +35,17 @@ class Ports:
     supervisor: int
     router: int
     standby: int
+    etcd_client: int
+    etcd_peer: int
     engine_base: int
     engines: int  # how many engine ports, starting at engine_base
+    with_etcd: bool = False  # the etcd ports are part of the plan only with --etcd
+    replicas: int = 0  # --replicas N: router, standby, then router + 50 + k for replica k >= 2
+
+    def replica_ports(self) -> list[int]:
+        return [self.router, self.standby, *(self.router + 50 + k for k in range(2, self.replicas))][
+            : self.replicas
+        ]
 
     def engine_ports(self) -> list[int]:
         return [self.engine_base + i for i in range(self.engines)]
@@ -43,17 +54,26 @@ class Ports:
         """(what, port, flag that moves it) for every port of the plan."""
         out = [(f.name, getattr(self, f.name), OFFSETS[f.name][2]) for f in fields(self) if f.name in OFFSETS]
         out = [o for o in out if o[0] != "engine_base"]
+        if not self.with_etcd:
+            out = [o for o in out if o[0] not in ("etcd_client", "etcd_peer")]
         out += [(f"engine e{i}", p, "--engine-base-port") for i, p in enumerate(self.engine_ports())]
+        out += [(f"replica {k}", p, "--router-port") for k, p in enumerate(self.replica_ports()) if k >= 2]
         return out
 
 
-def plan_ports(base: int | None, engines: int, overrides: dict[str, int | None]) -> Ports:
+def plan_ports(
+    base: int | None,
+    engines: int,
+    overrides: dict[str, int | None],
+    with_etcd: bool = False,
+    replicas: int = 0,
+) -> Ports:
     """Defaults, or ``base + offset``; ``overrides`` (field -> port or None) win."""
     values: dict[str, int] = {}
     for name, (default, offset, _flag) in OFFSETS.items():
         chosen = overrides.get(name)
         values[name] = chosen if chosen is not None else (default if base is None else base + offset)
-    return Ports(engines=engines, **values)
+    return Ports(engines=engines, with_etcd=with_etcd, replicas=replicas, **values)
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:

@@ -113,8 +113,17 @@ def rolling_problem(role_list: list[str]) -> str:
 
 class Stack:
     def __init__(
-        self, state_dir: Path, ports: Ports, timings: Timings, fleet_name: str, n_prefill: int | None = None
+        self,
+        state_dir: Path,
+        ports: Ports,
+        timings: Timings,
+        fleet_name: str,
+        n_prefill: int | None = None,
+        etcd: bool = False,
+        replicas: int = 0,
     ) -> None:
+        self.etcd = etcd  # the router pair leases through a local etcd member instead of a file
+        self.replicas = replicas  # --replicas N: N active-active replicas instead of the pair
         self.state_dir = state_dir
         self.ports = ports
         self.t = timings
@@ -151,6 +160,8 @@ class Stack:
 
     @property
     def routers(self) -> dict[str, str]:
+        if self.replicas:
+            return {f"replica-{k}": f"http://{HOST}:{p}" for k, p in enumerate(self.ports.replica_ports())}
         return {"primary": self.primary_url, "standby": self.standby_url}
 
     def engine_urls(self) -> dict[str, str]:
@@ -178,7 +189,8 @@ class Stack:
             "controller": {"monitor_interval_s": self.t.monitor_interval},
             "recovery": {"readmit_every": 2, "liveness_every": 2},
         }
-        for name in ("primary", "standby"):
+        names = list(self.routers) if self.replicas else ["primary", "standby"]
+        for name in names:
             doc = fleet_document(
                 [(iid, urls[iid], self.roles[iid]) for iid in self.iids], MODEL, policy="individual",
                 state_path=self.state_dir / f"state-{name}.json", extra=extra,
@@ -249,7 +261,7 @@ class Stack:
         return [
             venv_script("narwhal-serve"), "--fleet", str(self.state_dir / f"fleet-{name}.json"),
             "--host", HOST, "--port", str(port), "--journal", str(self.state_dir / f"journal-{name}.jsonl"),
-            "--lease-path", str(self.lease_path), "--router-id", name,
+            *self._lease_args(), "--router-id", name,
             "--lease-ttl", str(t.lease_ttl), "--lease-renew-interval", str(t.lease_renew_interval),
             "--lease-safety-margin", str(t.lease_safety_margin),
             "--standby-probe-interval", str(t.standby_probe_interval),
@@ -257,14 +269,55 @@ class Stack:
             "--graceful-timeout", "10",
         ]  # fmt: skip
 
+    @property
+    def etcd_url(self) -> str:
+        return f"http://{HOST}:{self.ports.etcd_client}"
+
+    def _lease_args(self) -> list[str]:
+        if self.etcd:
+            return ["--etcd-endpoints", self.etcd_url, "--etcd-prefix", f"/narwhal/{self.fleet_name}/"]
+        return ["--lease-path", str(self.lease_path)]
+
+    async def start_etcd(self) -> Child:
+        """One local etcd member (the demo; production runs three), fresh data dir per run."""
+        import shutil
+
+        data = self.state_dir / "etcd"
+        shutil.rmtree(data, ignore_errors=True)  # a killed run's keys would outlive it by a TTL
+        p = self.ports
+        args = [
+            shutil.which("etcd") or "etcd", "--name", "narwhal-up", "--data-dir", str(data),
+            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+            "--listen-peer-urls", f"http://{HOST}:{p.etcd_peer}",
+            "--initial-advertise-peer-urls", f"http://{HOST}:{p.etcd_peer}",
+            "--initial-cluster", f"narwhal-up=http://{HOST}:{p.etcd_peer}", "--log-level", "warn",
+        ]  # fmt: skip
+        child = self.procs.start("etcd", args, grace_s=5.0)
+        await self._wait_http(child, self.etcd_url + "/health", within_s=30.0)
+        return child
+
     def stale_lease_wait(self) -> float:
         """Seconds until a lease left by a previous (killed) run expires; 0 when there is none."""
+        if self.etcd:
+            return 0.0  # a fresh etcd data dir every run
         try:
             doc = json.loads(self.lease_path.read_text(encoding="utf-8"))
             expires = float(doc.get("expires_at", 0.0)) if doc.get("holder") else 0.0
         except (OSError, ValueError, AttributeError, TypeError):
             return 0.0
         return max(0.0, expires - time.time())
+
+    async def start_replicas(self) -> list[Child]:
+        """``--replicas N``: every replica serves (``--ha-mode active-active``); the first to claim
+        the etcd lease controls the fleet."""
+        children = []
+        for name, url in self.routers.items():
+            port = int(url.rsplit(":", 1)[1])
+            args = [*self._router_args(name, port), "--ha-mode", "active-active", "--advertise-url", url]
+            children.append(self.procs.start(f"router-{name}", _drop_standby_flags(args)))
+        for child, url in zip(children, self.routers.values(), strict=True):
+            await self._wait_http(child, url + "/ready", within_s=60.0)
+        return children
 
     async def start_routers(self) -> tuple[Child, Child]:
         primary = self.procs.start("router-primary", self._router_args("primary", self.ports.router))
@@ -297,9 +350,11 @@ class Stack:
         return child
 
     def restart_args(self, mode: str) -> list[str]:
+        # --replicas: any one replica will do (a non-holder names the holder); the pair: both
+        urls = [self.routers["replica-1"]] if self.replicas else [self.primary_url, self.standby_url]
         return [
             venv_script("narwhal-restart"), "start",
-            "--router", self.primary_url, "--router", self.standby_url,
+            *(a for u in urls for a in ("--router", u)),
             "--supervisor", "local", "--supervisor-url", self.supervisor_url,
             "--mode", mode, "--fleet", self.fleet_name,
             "--address", self.temporal_address, "--namespace", NAMESPACE, "--task-queue", TASK_QUEUE,
@@ -332,3 +387,18 @@ class Stack:
 
 def _write_json(path: Path, doc: Any) -> None:
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
+def _drop_standby_flags(args: list[str]) -> list[str]:
+    """Active-active replicas take no warm-standby flags (each flag is followed by its value)."""
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in ("--standby-probe-interval", "--standby-takeover-after"):
+            skip = True
+            continue
+        out.append(a)
+    return out

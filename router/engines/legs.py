@@ -9,13 +9,27 @@ probes so a saturated data plane never starves health checks. Failures are raise
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import ssl
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
+from router import telemetry
 from router.config import FleetConfig
+from router.engines.sse import SSEFramer
+from router.engines.wire import (
+    ConnectFailed,
+    ConnectionLost,
+    DeadlineExceeded,
+    EnginePool,
+    Response,
+    ResponseTooLarge,
+    WireError,
+)
 
 # Client fields the prefill leg never forwards (spec §11.3).
 PREFILL_DROP = frozenset({"stream_options", "min_tokens", "n", "best_of", "max_completion_tokens"})
@@ -35,6 +49,7 @@ class LegFailure(Exception):
         self.status = status
         self.timed_out = False
         self.unreachable = False
+        self.deadline = False  # the caller's bound on the leg passed (e.g. no first token in time)
 
     @property
     def reason(self) -> str:
@@ -47,6 +62,8 @@ class LegFailure(Exception):
             return "engine_overloaded"
         if self.kind == "rejected":
             return "engine_rejected"
+        if self.kind == "response_limit":
+            return "response_limit"
         if self.kind == "inference_status":
             return "engine_error"
         return "invalid_response"
@@ -62,6 +79,11 @@ class LegFailure(Exception):
         if self.kind != "rejected" or self.status not in _CLIENT_FAULT_STATUSES:
             return False
         return self.phase == "prefill" or _names_a_request_limit(self.detail)
+
+    @property
+    def final(self) -> bool:
+        """Never retried on another engine: the client's fault, or an answer over the byte limit."""
+        return self.client_fault or self.kind == "response_limit"
 
     @property
     def client_status(self) -> int:
@@ -81,14 +103,17 @@ def _names_a_request_limit(detail: str) -> bool:
 
 
 def _classify(exc: BaseException, phase: str, iid: str) -> LegFailure:
-    if isinstance(exc, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError):
+    if isinstance(exc, ConnectFailed | aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError):
         f = LegFailure("connection", phase, iid, f"cannot connect: {type(exc).__name__}")
         f.unreachable = True
         return f
     if isinstance(exc, TimeoutError):
         f = LegFailure("stream" if phase == "decode" else "timeout", phase, iid, "engine timed out")
         f.timed_out = True
+        f.deadline = isinstance(exc, DeadlineExceeded)
         return f
+    if isinstance(exc, WireError):
+        return LegFailure("connection", phase, iid, str(exc))
     return LegFailure("connection", phase, iid, f"{type(exc).__name__}: {exc}")
 
 
@@ -141,12 +166,19 @@ def _block_ids_ok(ids: Any) -> bool:
     return True
 
 
+_REMOTE_DECODE = {"do_remote_decode": True}
+
+
 def prefill_body(body: dict[str, Any], model: str) -> bytes:
-    out = {k: v for k, v in body.items() if k not in PREFILL_DROP}
+    out = (
+        body.copy()
+        if PREFILL_DROP.isdisjoint(body)
+        else {k: v for k, v in body.items() if k not in PREFILL_DROP}
+    )
     out["model"] = model
     out["max_tokens"] = 1
     out["stream"] = False
-    out["kv_transfer_params"] = {"do_remote_decode": True}
+    out["kv_transfer_params"] = _REMOTE_DECODE
     return orjson.dumps(out)
 
 
@@ -163,8 +195,38 @@ def decode_body(body: dict[str, Any], model: str, descriptor: dict[str, Any] | N
     return orjson.dumps(out)
 
 
+class _Target:
+    """A prebuilt request head for one (engine URL, path): address, TLS and the constant headers."""
+
+    __slots__ = ("head", "key", "ssl", "url")
+
+    def __init__(self, url: str, path: str, headers: dict[str, str]) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"engine URL {url!r} is not http(s)://host[:port]")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.url = url + path
+        self.key = (parts.hostname, port)
+        self.ssl = parts.scheme == "https"
+        host = parts.netloc.rsplit("@", 1)[-1]
+        lines = [f"POST {parts.path.rstrip('/')}{path} HTTP/1.1", f"host: {host}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        self.head = ("\r\n".join(lines) + "\r\ncontent-length: ").encode("latin-1")
+
+    def request(self, body: bytes, xrid: str, extra: dict[str, str] | None) -> bytes:
+        tail = b"\r\nx-request-id: " + xrid.encode("latin-1")
+        if extra:
+            tail += "".join(f"\r\n{k}: {v}" for k, v in extra.items()).encode("latin-1")
+        return b"".join((self.head, str(len(body)).encode(), tail, b"\r\n\r\n", body))
+
+
 class EngineClient:
-    """Pooled HTTP client for engine legs and probes. A router component (no routes)."""
+    """Engine legs over the router's own keep-alive pool (``engines/wire.py``), probes over aiohttp.
+
+    A router component (no routes). The leg requests are built from a per-(engine, path) template;
+    decode streams are watched by one task (``decode_read_timeout_s`` between body bytes) instead of
+    a timer per read.
+    """
 
     def __init__(self, config: FleetConfig, max_connections: int | None = None) -> None:
         self.config = config
@@ -174,48 +236,53 @@ class EngineClient:
         if key_env and os.environ.get(key_env):
             self.headers["authorization"] = f"Bearer {os.environ[key_env]}"
         eng, srv = config.engine, config.serving
+        self.prefill_timeout_s = srv.prefill_timeout_s
+        self.decode_read_timeout_s = eng.decode_read_timeout_s
+        self.max_response_bytes = srv.max_response_bytes
         self.prefill_timeout = aiohttp.ClientTimeout(
             total=srv.prefill_timeout_s, sock_connect=eng.health_timeout_s
         )
-        self.decode_timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=eng.health_timeout_s, sock_read=eng.decode_read_timeout_s
-        )
         self.health_timeout = aiohttp.ClientTimeout(total=eng.health_timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        self.pool = EnginePool(connect_timeout=eng.health_timeout_s)
+        self._targets: dict[tuple[str, str], _Target] = {}
+        self._watched: set[Response] = set()  # legs in flight (the watchdog's list)
+        self._watchdog: asyncio.Task[None] | None = None
         self._control: aiohttp.ClientSession | None = None
+        self._ssl: ssl.SSLContext | None = None
+        self.traced = False  # OpenTelemetry CLIENT span + traceparent per leg (set at start)
 
     # -- component protocol -----------------------------------------------------------------
     def add_routes(self, app: Any) -> None:
         return None
 
     async def start(self) -> None:
-        if self._session is None:
-            self._session = self._new_session(self.max_connections)
+        if self._control is None:
             self._control = self._new_session(32)
+            self._watchdog = asyncio.create_task(self._watch_streams())
+            self.traced = telemetry.tracing_installed()
 
     async def stop(self) -> None:
-        for s in (self._session, self._control):
-            if s is not None:
-                await s.close()
-        self._session = self._control = None
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+            self._watchdog = None
+        if self._control is not None:
+            await self._control.close()
+        self._control = None
+        self.pool.close()
 
     @staticmethod
     def _new_session(limit: int) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=60.0)
-        # No Accept-Encoding: the router relays bodies as they come (auto_decompress=False), so an
-        # engine must not compress them; fewer auto headers is also less work per leg.
+        # No Accept-Encoding: bodies are read as they come (auto_decompress=False), so an engine
+        # must not compress them; fewer auto headers is also less work per call.
         return aiohttp.ClientSession(
             connector=connector,
             cookie_jar=aiohttp.DummyCookieJar(),  # engines' cookies are never sent back
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
         )
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise RuntimeError("engine client not started")
-        return self._session
 
     @property
     def control(self) -> aiohttp.ClientSession:
@@ -228,16 +295,67 @@ class EngineClient:
         h["x-request-id"] = xrid
         return h
 
+    def _target(self, url: str, path: str) -> _Target:
+        t = self._targets.get((url, path))
+        if t is None:
+            t = self._targets[(url, path)] = _Target(url, path, self.headers)
+        return t
+
+    async def _send(self, url: str, path: str, body: bytes, xrid: str, bound_s: float) -> Response:
+        """Send one leg request; ``bound_s`` bounds the exchange from now (the watchdog enforces
+        it: no timer per leg). A reused keep-alive connection the engine closed meanwhile is
+        replaced once (nothing of the request was processed: no response byte came back)."""
+        target = self._target(url, path)
+        extra: dict[str, str] | None = None
+        if self.traced:
+            with telemetry.client_span("POST", target.url) as extra:
+                return await self._exchange(target, body, xrid, extra, bound_s)
+        return await self._exchange(target, body, xrid, extra, bound_s)
+
+    async def _exchange(
+        self, target: _Target, body: bytes, xrid: str, extra: dict[str, str] | None, bound_s: float
+    ) -> Response:
+        data = target.request(body, xrid, extra)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + bound_s if bound_s else 0.0
+        for _ in range(2):
+            conn = await self.pool.acquire(target.key, self._tls() if target.ssl else None)
+            resp = conn.send(data, self.max_response_bytes)
+            resp.deadline = deadline
+            self._watched.add(resp)
+            resp.on_close = self._watched.discard
+            try:
+                await resp.head()
+            except ConnectionLost:
+                resp.close()
+                if conn.reused and not resp.status:
+                    continue
+                raise
+            except BaseException:
+                resp.close()
+                raise
+            return resp
+        raise ConnectionLost("engine closed the connection before the response")
+
+    def _tls(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
     # -- legs -------------------------------------------------------------------------------
     async def prefill(self, iid: str, url: str, path: str, body: bytes, xrid: str) -> dict[str, Any]:
         """Run the prefill leg; returns the KV descriptor or raises :class:`LegFailure`."""
+        resp: Response | None = None
         try:
-            async with self.session.post(
-                url + path, data=body, headers=self._headers(xrid), timeout=self.prefill_timeout
-            ) as resp:
-                raw = await resp.read()
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            resp = await self._send(url, path, body, xrid, self.prefill_timeout_s)
+            raw = await resp.read()
+            status = resp.status
+            resp.release()
+        except ResponseTooLarge as exc:
+            raise LegFailure("response_limit", "prefill", iid, str(exc)) from None
+        except (WireError, TimeoutError) as exc:
+            if resp is not None:
+                resp.close()
             raise _classify(exc, "prefill", iid) from None
         if status != 200:
             raise _status_failure(status, raw, "prefill", iid)
@@ -250,23 +368,48 @@ class EngineClient:
             raise LegFailure("kv_handoff", "prefill", iid, "no handoff descriptor in the prefill answer")
         return desc
 
-    async def open_decode(self, iid: str, url: str, path: str, body: bytes, xrid: str) -> DecodeStream:
-        """Start the streamed decode leg; the caller must ``close()`` the returned stream."""
+    async def open_decode(
+        self, iid: str, url: str, path: str, body: bytes, xrid: str, first_token_s: float = 0.0
+    ) -> DecodeStream:
+        """Start the streamed decode leg; the caller must ``close()`` or ``release()`` the stream.
+
+        ``first_token_s`` bounds the leg until the caller clears ``stream.resp.deadline`` (when the
+        first token is in); a leg past it fails with ``LegFailure.deadline`` set.
+        """
         try:
-            resp = await self.session.post(
-                url + path, data=body, headers=self._headers(xrid), timeout=self.decode_timeout
-            )
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            resp = await self._send(url, path, body, xrid, first_token_s)
+        except (WireError, TimeoutError) as exc:
             raise _classify(exc, "decode", iid) from None
         if resp.status != 200:
             try:
-                raw = await resp.content.read(65536)
-            except (aiohttp.ClientError, TimeoutError):
+                async with asyncio.timeout(self.decode_read_timeout_s):
+                    raw = await resp.read()
+            except (WireError, TimeoutError):
                 raw = b""
             finally:
                 resp.close()
             raise _status_failure(resp.status, raw, "decode", iid)
+        resp.last_rx = asyncio.get_running_loop().time()
+        resp.idle_limit = self.decode_read_timeout_s
         return DecodeStream(resp, iid)
+
+    async def _watch_streams(self) -> None:
+        """Fail legs past their deadline, and decode streams silent for ``decode_read_timeout_s``
+        (unless the router itself paused reading them). One task for every leg, no timer per leg."""
+        eng = self.config.engine
+        limit = min(self.decode_read_timeout_s, eng.first_token_timeout_s, self.prefill_timeout_s)
+        tick = min(max(limit / 4, 0.02), 0.5)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            for resp in list(self._watched):
+                if resp.conn.closed:
+                    self._watched.discard(resp)
+                elif resp.deadline and now > resp.deadline:
+                    resp.fail(DeadlineExceeded("engine leg deadline passed"))
+                elif resp.idle_limit and resp.conn.reading and now - resp.last_rx > resp.idle_limit:
+                    resp.fail(TimeoutError("decode read timed out"))
 
     # -- probes -----------------------------------------------------------------------------
     async def health(self, url: str) -> bool:
@@ -298,47 +441,31 @@ class EngineClient:
         return isinstance(doc, dict) and isinstance(doc.get("choices"), list) and bool(doc["choices"])
 
 
-_SEP = b"\n\n"
-_MAX_EVENT = 1 << 20  # one SSE event larger than this is a broken stream, not a token
-
-
-def _event_payload(event: bytes, unterminated: bool = False) -> bytes | None:
-    """The data of one SSE event (without its blank-line terminator); None when it has none.
-
-    ``unterminated``: the bytes left at EOF, framed as the per-event reader this replaced did.
-    """
-    if event.startswith(b"data:") and (
-        event.count(b"\n", 0, -2) == 0 if unterminated else b"\n" not in event
-    ):
-        return event[5:].strip()
-    # multi-line event: comments, event names, several data lines
-    payload = b"\n".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
-    return payload or None
-
-
 class DecodeStream:
     """Server-sent events of one decode leg.
 
     ``next_events()`` yields every complete ``data:`` payload that has arrived (at least one), so a
     relay can forward a burst of frames with one write; ``next_data()`` yields them one by one.
-    Events are split on ``\\n\\n`` over the raw body chunks (no per-line reads).
+    Events are split over the raw body chunks by :class:`SSEFramer` (CRLF, CR and LF line ends).
+    ``resp`` is an engine :class:`Response` (or anything with ``content.readany()``, ``close()``,
+    ``release()``); a streaming relay may take the stream over with ``resp.attach`` and keep
+    feeding ``framer`` from the connection's callbacks.
     """
 
-    __slots__ = ("_buf", "_done", "_ready", "iid", "resp")
+    __slots__ = ("framer", "iid", "resp")
 
-    def __init__(self, resp: aiohttp.ClientResponse, iid: str) -> None:
+    def __init__(self, resp: Any, iid: str) -> None:
         self.resp = resp
         self.iid = iid
-        self._buf = b""  # bytes of an incomplete event
-        self._ready: list[bytes] = []  # complete payloads not handed out yet
-        self._done = False  # [DONE] seen (anything after it is ignored)
+        self.framer = SSEFramer()
 
     async def next_data(self) -> bytes | None:
         """The next data payload; None after ``[DONE]``. Raises LegFailure(stream) otherwise."""
-        if not self._ready and not self._done:
+        framer = self.framer
+        if not framer.ready and not framer.done:
             await self._fill()
-        if self._ready:
-            return self._ready.pop(0)
+        if framer.ready:
+            return framer.ready.pop(0)
         return None
 
     async def next_events(self) -> tuple[list[bytes], bool]:
@@ -347,58 +474,44 @@ class DecodeStream:
         ``done`` is True once ``[DONE]`` was read (``payloads`` are the ones before it). Raises
         LegFailure(stream) when the stream fails or ends without ``[DONE]``.
         """
-        if not self._ready and not self._done:
+        if not self.framer.ready and not self.framer.done:
             await self._fill()
         return self.ready()
 
     def ready(self) -> tuple[list[bytes], bool]:
         """What ``next_events`` would return, without waiting (possibly ``([], False)``)."""
-        out = self._ready
-        self._ready = []
-        return out, self._done
+        return self.framer.take(), self.framer.done
 
     async def _fill(self) -> None:
         """Read until at least one payload (or [DONE]) is complete."""
         content = self.resp.content
+        framer = self.framer
         try:
             while True:
                 chunk = await content.readany()
                 if not chunk:  # EOF: an unterminated last event still counts, like a readuntil()
-                    tail, self._buf = self._buf, b""
-                    if tail:
-                        self._add(tail, unterminated=True)
-                    if self._ready or self._done:
+                    framer.eof()
+                    if framer.ready or framer.done:
                         return
                     raise LegFailure("stream", "decode", self.iid, "stream ended without [DONE]")
-                buf = self._buf + chunk if self._buf else chunk
-                start = 0
-                while (end := buf.find(_SEP, start)) != -1:
-                    if self._add(buf[start:end]):
-                        self._buf = b""
-                        return
-                    start = end + 2
-                self._buf = buf[start:] if start else buf
-                if self._ready:
+                if framer.feed(chunk) or framer.ready:
                     return
-                if len(self._buf) > _MAX_EVENT:
+                if framer.oversized:
                     raise LegFailure("stream", "decode", self.iid, "stream event too large")
-        except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+        except ResponseTooLarge as exc:
+            raise LegFailure("response_limit", "decode", self.iid, str(exc)) from None
+        except (
+            aiohttp.ClientError,
+            WireError,
+            TimeoutError,
+            asyncio.IncompleteReadError,
+            ValueError,
+        ) as exc:
             failure = _classify(exc, "decode", self.iid)
             failure.kind = "stream"
             if isinstance(exc, TimeoutError):
                 failure.detail = "decode read timed out"
             raise failure from None
-
-    def _add(self, event: bytes, unterminated: bool = False) -> bool:
-        """Queue one event's payload; True when it is [DONE] (the stream's end)."""
-        payload = _event_payload(event, unterminated)
-        if payload is None:
-            return False
-        if payload == b"[DONE]":
-            self._done = True
-            return True
-        self._ready.append(payload)
-        return False
 
     def close(self) -> None:
         """Drop the connection (not back to the pool): the engine sees the client go away."""

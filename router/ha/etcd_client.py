@@ -234,8 +234,10 @@ class EtcdClient:
         compare: list[dict[str, Any]],
         success: list[dict[str, Any]],
         failure: list[dict[str, Any]] | None = None,
+        retry_s: float | None = None,
     ) -> TxnResult:
-        doc = await self.call("kv/txn", {"compare": compare, "success": success, "failure": failure or []})
+        body = {"compare": compare, "success": success, "failure": failure or []}
+        doc = await self.call("kv/txn", body, retry_s=retry_s)
         return TxnResult(
             succeeded=bool(doc.get("succeeded", False)),
             revision=int(doc.get("header", {}).get("revision", 0)),

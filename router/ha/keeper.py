@@ -17,22 +17,24 @@ from collections.abc import Awaitable, Callable
 
 from router.ha.control import ControlState
 from router.ha.lease import Lease, LeaseError
+from router.ha.lease_backend import ControlLease, as_control_lease
 
 log = logging.getLogger("narwhal.ha")
 RENEWAL_FAILED = "lease renewal failed"
 HELD_ELSEWHERE = "lease held by another router"
+CONTENDED = -1  # ``on_claimed`` argument after taking the lease over from another holder
 
 
 class LeaseKeeper:
     def __init__(
         self,
-        lease: Lease,
+        lease: ControlLease | Lease,
         control: ControlState,
         renew_interval_s: float,
         epoch_floor: Callable[[], Awaitable[int]],
         on_claimed: Callable[[int], Awaitable[str]],
     ) -> None:
-        self.lease = lease
+        self.lease = as_control_lease(lease)  # the file lease, or etcd (router/ha/lease_backend.py)
         self.control = control
         self.interval_s = renew_interval_s
         self.retry_s = max(0.01, renew_interval_s / 4)
@@ -41,6 +43,9 @@ class LeaseKeeper:
         self.on_claimed = on_claimed
         self.renewal_errors = 0
         self.reclaims = 0
+        # etcd: a router that finds the lease held elsewhere keeps contending (a watch on the
+        # holder key) instead of staying fenced for good (the file lease keeps the peer rule)
+        self.contends = bool(getattr(self.lease, "reclaims", False))
         self._recovered_logged = ""
 
     async def _floor(self) -> int:
@@ -54,7 +59,7 @@ class LeaseKeeper:
         """True claimed, False held by another live holder, None not yet (error or damage)."""
         floor = await self._floor()
         try:
-            claimed = await asyncio.to_thread(self.lease.claim, floor)
+            claimed = await self.lease.claim(floor)
         except LeaseError as exc:
             self.control.failover_blocked = f"{unavailable}: {exc}"
             return None
@@ -86,7 +91,7 @@ class LeaseKeeper:
             result = await self._claim(unavailable)
             if result is False:
                 self._fence(HELD_ELSEWHERE)
-                return False
+                return await self.contend() if self.contends else False
             if result:
                 why = await self.on_claimed(previous_epoch)
                 if why:
@@ -95,6 +100,26 @@ class LeaseKeeper:
                 self.control.take_control(self.lease)
                 log.warning("lease claimed again: epoch %d", self.lease.epoch)
                 return True
+
+    async def contend(self) -> bool:
+        """etcd: wait (a watch, not a poll) until the holder key vanishes, then claim and take
+        over with the stored handoff. True once this router controls; False if refused for good."""
+        while True:
+            await self.lease.wait_vacant(max(1.0, 8 * self.interval_s))
+            result = await self._claim()
+            if result is None:
+                await asyncio.sleep(self.retry_s)
+                continue
+            if result is False:
+                continue  # still held (or just re-claimed by someone else): keep watching
+            why = await self.on_claimed(CONTENDED)
+            if why:
+                self._fence(why)
+                await self.lease.release()
+                return False
+            self.control.take_control(self.lease)
+            log.warning("lease taken over: epoch %d", self.lease.epoch)
+            return True
 
     def _fence(self, reason: str) -> None:
         self.control.fence(reason)
@@ -115,10 +140,10 @@ class LeaseKeeper:
             if not lease.owned:
                 return
             try:
-                renewed = await asyncio.to_thread(lease.renew)
+                renewed = await lease.renew()
             except LeaseError as exc:
                 self.renewal_errors += 1
-                if lease.valid():
+                if lease.remaining() > 0:  # (not valid(): an unconfirmed etcd write is re-verified here)
                     log.warning("lease renewal error (retrying within validity): %s", exc)
                     delay = self.retry_s
                     continue
@@ -134,6 +159,9 @@ class LeaseKeeper:
             if not renewed:
                 self._fence(RENEWAL_FAILED)
                 log.error("router fenced: lease renewal failed for epoch %d", lease.epoch)
+                if self.contends and await self.contend():
+                    delay = self.interval_s
+                    continue
                 return
             self._note_recovery()
             delay = self.interval_s

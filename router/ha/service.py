@@ -28,9 +28,10 @@ from aiohttp import web
 from router.core import RouterCore
 from router.ha import statefile
 from router.ha.handoff import Handoff
-from router.ha.keeper import RENEWAL_FAILED, LeaseKeeper
+from router.ha.keeper import CONTENDED, RENEWAL_FAILED, LeaseKeeper
 from router.ha.lease import Lease
-from router.ha.persist import FileHandoffStore, HandoffStore, Persister, PersistError
+from router.ha.lease_backend import ControlLease, as_control_lease, build_backend
+from router.ha.persist import HandoffStore, Persister, PersistError
 from router.ha.settings import HARuntime
 from router.ha.standby import StandbyLoop
 from router.ha.transfer import Handover, LifecycleView, ProbeSchedule
@@ -103,7 +104,7 @@ class HAService:
         self,
         core: RouterCore,
         settings: HARuntime,
-        lease: Lease | None = None,
+        lease: ControlLease | Lease | None = None,
         shared: HandoffStore | None = None,
         *,
         lifecycle: LifecycleView | None = None,
@@ -115,12 +116,12 @@ class HAService:
         self.lifecycle = lifecycle
         self.monitor = monitor
         self.handover = Handover(core, lifecycle, breaker)
-        lease_settings = settings.lease_settings()
-        self.lease = (
-            lease
-            if lease is not None
-            else (Lease(lease_settings, clock=core.clock) if lease_settings else None)
-        )
+        # active-active (router/replicas): a claim after another holder adopts only the lifecycle
+        # (counters and breaker evidence stay each replica's own); None = the whole handoff
+        self.adopt: Callable[[Handoff], tuple[bool, str]] | None = None
+        # the configured backend (router/ha/lease_backend.py): file lease, etcd, or none
+        built_lease, built_shared, self.etcd_client = build_backend(settings, core.clock)
+        self.lease: ControlLease | None = as_control_lease(lease) if lease is not None else built_lease
         core.control.lease = self.lease  # unowned until claimed: no control before start()
         self.keeper = (
             LeaseKeeper(
@@ -134,8 +135,8 @@ class HAService:
         self._controlled_at_shutdown: bool | None = None
         self.resume_result: tuple[bool, str] | None = None
         self.takeover_gap_s: float | None = None
-        if shared is None and settings.lease_path:
-            shared = FileHandoffStore(statefile.shared_handoff_path(settings.lease_path))
+        if shared is None:
+            shared = built_shared
         self.shared = shared  # where a successor finds our state (written first)
         self.persister = Persister(self.handover.build, settings.state_path, shared, on_change=self._degraded)
         self.monitored = False  # the monitor pass runs the periodic write (write_handoff)
@@ -149,18 +150,20 @@ class HAService:
     async def start(self) -> None:
         control = self.core.control
         if self.settings.standby_of:
-            assert self.lease is not None  # HARuntime: --standby-of requires --lease-path
+            assert self.lease is not None  # HARuntime: --standby-of requires a lease
             control.standby = True
             self.standby_loop = StandbyLoop(
                 self.core, self.settings, self.lease, self.handover, self._activate, shared=self.shared
             )
             self._spawn(self.standby_loop.run(), "narwhal-standby")
-            log.info("standby of %s (lease %s)", self.settings.standby_of, self.settings.lease_path)
+            log.info("standby of %s (lease %s)", self.settings.standby_of, self.lease.describe())
             return
         if self.keeper is not None:
             claimed = await self.keeper.claim_at_start()
-            if claimed is False:
-                return  # held by another router: fenced, no resume, no renewal, no second claim
+            if claimed is False:  # held by another router: fenced (file lease: for good)
+                if self.keeper.contends:  # etcd: claim when the holder key vanishes
+                    self._spawn(self._contend_later(), "narwhal-lease-contend")
+                return
             if claimed is None:  # store unreachable or record damaged: claim in the background
                 self._spawn(self._claim_later(), "narwhal-lease-claim")
                 return
@@ -174,6 +177,11 @@ class HAService:
         if await self.keeper.claim_until_held(0):
             self._start_loops()
 
+    async def _contend_later(self) -> None:
+        assert self.keeper is not None
+        if await self.keeper.contend():
+            self._start_loops()
+
     async def _claimed(self, previous_epoch: int) -> str:
         """After a claim: ``--resume`` at start; after a re-claim, a newer handoff written meanwhile
         by another holder is applied first. Returns "" or why this router must not control."""
@@ -184,9 +192,14 @@ class HAService:
         if self.shared is None:
             return ""
         found = await self.shared.read()
-        if found.doc is None or found.doc.epoch <= previous_epoch:
+        if previous_epoch == CONTENDED:  # taken over from another holder: its stored handoff
+            if found.kind not in ("ok", "missing"):
+                return f"lease taken over, but the stored handoff is unusable: {found.reason}"
+            if found.doc is None or (self.lease is not None and found.doc.holder == self.lease.holder):
+                return ""
+        elif found.doc is None or found.doc.epoch <= previous_epoch:
             return ""
-        applied, why = self.handover.apply(found.doc)
+        applied, why = (self.adopt or self.handover.apply)(found.doc)
         if not applied:
             return f"lease claimed again, but the newer handoff was not applied: {why}"
         log.warning("lease claimed again: %s", why)
@@ -217,7 +230,9 @@ class HAService:
             with contextlib.suppress(PersistError):  # (after any write in flight: one lock)
                 await self.persister.persist()
         if self.lease is not None and self.lease.owned:
-            await asyncio.to_thread(self.lease.release)
+            await self.lease.release()
+        if self.etcd_client is not None:
+            await self.etcd_client.aclose()
 
     async def _on_shutdown(self, _: web.Application) -> None:
         self._controlled_at_shutdown = self.core.controls_fleet()
@@ -298,7 +313,7 @@ class HAService:
             self.core.scheduler.fleet_hold = f"whole-wave restart required: {reason}"
 
     # -- takeover (called by the standby loop once the lease is ours and the handoff applied) ----
-    async def _activate(self, lease: Lease) -> str:
+    async def _activate(self, lease: ControlLease) -> str:
         core = self.core
         core.control.take_control(lease)
         if self.monitor is not None:
@@ -354,6 +369,8 @@ class HAService:
             "epoch": control.epoch,
             "holder": control.holder,
             "lease_path": self.settings.lease_path,
+            "lease_backend": "etcd" if self.settings.etcd_endpoints else ("file" if lease else ""),
+            "lease": lease.describe() if lease is not None else "",
             "lease_valid": lease.valid() if lease is not None else None,
             "lease_remaining_s": round(lease.remaining(), 3) if lease is not None else None,
             "standby_of": self.settings.standby_of,

@@ -13,6 +13,8 @@ import socket
 from dataclasses import dataclass
 
 from router.config import FleetConfig, check_lease_timing
+from router.ha.etcd_client import parse_endpoints
+from router.ha.etcd_lease import EtcdLeaseSettings, check_prefix, default_prefix
 from router.ha.lease import LeaseSettings
 
 # float flag -> HASettings / HARuntime field; all also settable in the fleet file's ``ha`` section
@@ -30,6 +32,9 @@ class HARuntime:
     state_path: str
     resume: bool = False
     lease_path: str = ""
+    etcd_endpoints: str = ""  # comma-separated http(s)://host:port; selects the etcd backend
+    etcd_prefix: str = ""  # default /narwhal/<model>/
+    model: str = ""
     router_id: str = ""
     lease_ttl_s: float = 5.0
     lease_renew_interval_s: float = 1.0
@@ -48,10 +53,53 @@ class HARuntime:
                 raise ValueError(f"{name.removesuffix('_s')} must be finite and positive")
         if isinstance(self.standby_takeover_after, bool) or self.standby_takeover_after < 1:
             raise ValueError("standby_takeover_after must be >= 1")
-        if self.standby_of and not self.lease_path:
-            raise ValueError("--standby-of requires --lease-path")
-        if self.lease_path and not self.router_id:
+        if self.lease_path and self.etcd_endpoints:
+            raise ValueError(
+                "--lease-path and --etcd-endpoints are mutually exclusive: choose one lease backend"
+            )
+        if self.etcd_endpoints:
+            try:
+                parse_endpoints(self.etcd_endpoints)
+            except ValueError as exc:
+                raise ValueError(f"--etcd-endpoints: {exc}") from None
+        if self.etcd_prefix:
+            if not self.etcd_endpoints:
+                raise ValueError("--etcd-prefix requires --etcd-endpoints")
+            try:
+                check_prefix(self.etcd_prefix)
+            except ValueError as exc:
+                raise ValueError(f"--etcd-prefix: {exc}") from None
+        if self.standby_of and not self.has_lease:
+            raise ValueError("--standby-of requires --lease-path or --etcd-endpoints")
+        if self.has_lease and not self.router_id:
             raise ValueError("router id must not be empty when a lease is configured")
+
+    @property
+    def has_lease(self) -> bool:
+        return bool(self.lease_path or self.etcd_endpoints)
+
+    @property
+    def lease_location(self) -> str:
+        """For logs and ``/narwhal/state``: the lease file, or the etcd prefix and endpoints."""
+        if self.etcd_endpoints:
+            return f"etcd {self.etcd_endpoints} {self.resolved_prefix}"
+        return self.lease_path
+
+    @property
+    def resolved_prefix(self) -> str:
+        return self.etcd_prefix or default_prefix(self.model)
+
+    def etcd_settings(self) -> EtcdLeaseSettings | None:
+        if not self.etcd_endpoints:
+            return None
+        return EtcdLeaseSettings(
+            router_id=self.router_id,
+            prefix=self.resolved_prefix,
+            model=self.model,
+            ttl_s=self.lease_ttl_s,
+            renew_interval_s=self.lease_renew_interval_s,
+            safety_margin_s=self.lease_safety_margin_s,
+        )
 
     def lease_settings(self) -> LeaseSettings | None:
         if not self.lease_path:
@@ -71,6 +119,9 @@ def from_config(config: FleetConfig, port: int = 8000, **overrides: object) -> H
         "state_path": config.recovery.state_path,
         "resume": config.recovery.resume,
         "lease_path": ha.lease_path,
+        "etcd_endpoints": ha.etcd_endpoints,
+        "etcd_prefix": ha.etcd_prefix,
+        "model": config.model,
         "router_id": ha.router_id or f"{socket.gethostname()}:{port}",
         "lease_ttl_s": ha.lease_ttl_s,
         "lease_renew_interval_s": ha.lease_renew_interval_s,
@@ -88,6 +139,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("HA (lease fencing, handoff, warm standby)")
     g.add_argument("--resume", action="store_true", default=None, help="apply recovery.state_path at startup")
     g.add_argument("--lease-path", default=None, help="shared lease file (enables fencing)")
+    g.add_argument(
+        "--etcd-endpoints",
+        default=None,
+        metavar="URL[,URL...]",
+        help="etcd client URLs: the lease, epoch and fenced handoff live in etcd (not with --lease-path)",
+    )
+    g.add_argument(
+        "--etcd-prefix", default=None, metavar="PREFIX", help="etcd key prefix (default /narwhal/<model>/)"
+    )
     g.add_argument("--router-id", default=None, help="lease holder prefix (default <hostname>:<port>)")
     g.add_argument("--lease-ttl", type=float, default=None, help="lease TTL seconds (default 5)")
     g.add_argument("--lease-renew-interval", type=float, default=None, help="renewal period (default 1)")
@@ -106,6 +166,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 OPTION_FIELDS: tuple[str, ...] = (
     "resume",
     "lease_path",
+    "etcd_endpoints",
+    "etcd_prefix",
     "router_id",
     "lease_ttl",
     "lease_renew_interval",
@@ -123,6 +185,14 @@ def check_options(options: object) -> None:
         v = getattr(options, flag.replace("-", "_"), None)
         if v is not None and not math.isfinite(v):
             raise ValueError(f"--{flag} must be finite")
+    if getattr(options, "lease_path", None) and getattr(options, "etcd_endpoints", None):
+        raise ValueError("--lease-path and --etcd-endpoints are mutually exclusive: choose one lease backend")
+    endpoints = getattr(options, "etcd_endpoints", None)
+    if endpoints is not None:
+        try:
+            parse_endpoints(endpoints)
+        except ValueError as exc:
+            raise ValueError(f"--etcd-endpoints: {exc}") from None
     n = getattr(options, "standby_takeover_after", None)
     if n is not None and n < 1:
         raise ValueError("--standby-takeover-after must be >= 1")
@@ -134,6 +204,8 @@ def from_options(config: FleetConfig, options: object, port: int = 8000) -> HARu
     overrides: dict[str, object] = {
         "resume": True if getattr(options, "resume", None) else None,
         "lease_path": getattr(options, "lease_path", None),
+        "etcd_endpoints": getattr(options, "etcd_endpoints", None),
+        "etcd_prefix": getattr(options, "etcd_prefix", None),
         "router_id": getattr(options, "router_id", None),
         "standby_of": getattr(options, "standby_of", None),
         "standby_takeover_after": getattr(options, "standby_takeover_after", None),

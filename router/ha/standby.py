@@ -21,6 +21,7 @@ from router.core import RouterCore
 from router.ha import statefile
 from router.ha.handoff import Handoff, HandoffError, HandoffVersionError, validate
 from router.ha.lease import Lease, LeaseError, LeaseRecord
+from router.ha.lease_backend import ControlLease, as_control_lease
 from router.ha.persist import FileHandoffStore, HandoffStore
 from router.ha.settings import HARuntime
 from router.ha.transfer import Handover
@@ -89,15 +90,15 @@ class StandbyLoop:
         self,
         core: RouterCore,
         settings: HARuntime,
-        lease: Lease,
+        lease: ControlLease | Lease,
         handover: Handover,
-        activate: Callable[[Lease], Awaitable[str]],
+        activate: Callable[[ControlLease], Awaitable[str]],
         client: httpx.AsyncClient | None = None,
         shared: HandoffStore | None = None,
     ) -> None:
         self.core = core
         self.settings = settings
-        self.lease = lease
+        self.lease = as_control_lease(lease)  # file lease or etcd (router/ha/lease_backend.py)
         self.handover = handover  # applies the handoff at takeover (lifecycle + breaker)
         self.activate = activate  # starts renewal/persistence, validates identities; "" or why not
         self.primary = settings.standby_of.rstrip("/")
@@ -131,7 +132,7 @@ class StandbyLoop:
         if h_status != 200:
             return ProbeResult(False, f"primary /narwhal/handoff answered {h_status}")
         try:
-            record = await asyncio.to_thread(self.lease.peek)
+            record = await self.lease.peek()
         except LeaseError as exc:
             return ProbeResult(False, f"lease unreadable: {exc}")  # damage is remembered by the lease
         return judge_probe(status, body, h_body, record, self.core.clock.wall())
@@ -181,7 +182,7 @@ class StandbyLoop:
             if own_client:
                 await client.aclose()
             if self.core.control.standby and self.lease.owned:
-                await asyncio.to_thread(self.lease.release)
+                await self.lease.release()
 
     async def try_takeover(self) -> bool:
         """One takeover attempt; True when the loop must end (took over, or refused for good)."""
@@ -191,13 +192,14 @@ class StandbyLoop:
             control.failover_blocked = "no fresh handoff"
             return False
         try:  # epochs never go backwards: above the record's and every handoff's epoch
-            claimed = await asyncio.to_thread(self.lease.claim, max(doc.epoch, self._shared_epoch))
+            claimed = await self.lease.claim(max(doc.epoch, self._shared_epoch))
         except LeaseError as exc:
             control.failover_blocked = f"lease unavailable: {exc}"
             return False
         if not claimed:
             if self.lease.problem:  # damaged record: waited out, in case its holder is alive
                 control.failover_blocked = f"lease record damaged: {self.lease.problem}"
+            await self.lease.wait_vacant(self.settings.lease_ttl_s)  # etcd: a watch on the holder key
             return False  # another holder's unexpired lease: keep shadowing
         epoch = self.lease.epoch
         if self.lease.recovered:
@@ -252,5 +254,5 @@ class StandbyLoop:
         self.core.control.failover_blocked = why
         log.error("standby: takeover refused: %s", why)
         with contextlib.suppress(LeaseError):
-            await asyncio.to_thread(self.lease.release)
+            await self.lease.release()
         return True

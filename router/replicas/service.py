@@ -11,7 +11,8 @@ Keys under the HA prefix (``docs/ha.md``, active-active):
   watches it; a follower applies each newer revision to its placement (``follow.Follower``); the
   revision is the lifecycle *version*.
 - ``<prefix>holder`` — the lease holder's key (HA backend); watched for the holder's replica id
-  (the document's ``replicas.holder_url``) and to contend for control when it disappears.
+  (the document's ``replicas.holder_url``); the HA backend's lease keeper contends for the lease
+  when it disappears, and a takeover adopts the stored lifecycle only (``adopt``).
 
 The holder's drain answers 200 only after ``acknowledge()``: every live replica's key reports the
 committed version (or expired). Nothing here decides who controls the fleet: that is the lease.
@@ -23,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +32,10 @@ import orjson
 from aiohttp import web
 
 from router.core import RouterCore
+from router.ha import transfer
 from router.ha.etcd_client import EtcdClient, EtcdError, WatchEvent, op_range, prefix_end
-from router.ha.handoff import HandoffError, validate
+from router.ha.handoff import Handoff, HandoffError, validate
+from router.lifecycle.machine import LifecycleError
 from router.lifecycle.service import LifecycleService
 from router.replicas import rules
 from router.replicas.follow import Follower
@@ -104,7 +107,6 @@ class ReplicaService:
         self.coalescer = rules.Coalescer(settings.min_interval_s)
         self.lease_id = 0
         self.registered = False
-        self.on_holder_gone: list[Callable[[], Awaitable[None]]] = []  # takeover contenders
         self.on_start: list[Callable[[], None]] = []  # adaptations of components started before us
         self.watch_errors = 0
         self.publishes = 0
@@ -310,9 +312,6 @@ class ReplicaService:
 
     async def _holder_event(self, event: WatchEvent) -> None:
         self._holder(event.kv.value if event.type == "PUT" else None)
-        if event.type == "DELETE":
-            for contend in list(self.on_holder_gone):
-                await contend()
 
     def _state(self, revision: int, raw: bytes) -> None:
         try:
@@ -331,6 +330,29 @@ class ReplicaService:
                 log.error("%s", self.follower.blocked)
         self.replicas.version = max(self.replicas.version, self.follower.version)
         self._notify()
+
+    # -- takeover -----------------------------------------------------------------------------
+    def adopt(self, doc: Handoff) -> tuple[bool, str]:
+        """``HAService.adopt`` after this replica claimed the lease: take over the lifecycle (a
+        replacement's restore: ``validating`` becomes ``blocked``), never the dead holder's
+        counters or breaker evidence — those stay per replica."""
+        why = transfer.rejection(doc, self.core)
+        if why:
+            return False, why
+        try:  # the machine's restore, not the service's: identities stay validated — this replica
+            # served on them as a follower; the monitor's liveness sweep re-checks them as holder
+            self.lifecycle.machine.restore(doc.lifecycle)
+        except LifecycleError as exc:
+            return False, f"handoff lifecycle rejected: {exc}"
+        self.follower.section = doc.lifecycle
+        log.warning(
+            "replica %s takes control with the lifecycle of epoch %d", self.settings.replica_id, doc.epoch
+        )
+        self.core.journal.append(
+            {"event": "replica_control", "action": "claimed", "at": self.core.clock.wall(),
+             "replica_id": self.settings.replica_id, "previous_epoch": doc.epoch}
+        )  # fmt: skip
+        return True, f"lifecycle of epoch {doc.epoch} adopted (run {doc.run})"
 
     # -- acknowledgement (the holder's drain) ------------------------------------------------
     def _notify(self) -> None:

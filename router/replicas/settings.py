@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import socket
 from urllib.parse import urlsplit
 
 from router.config import FleetConfig, check_replica_timing
@@ -50,7 +51,9 @@ def mode_of(config: FleetConfig, options: object) -> str:
 def default_control_url(config: FleetConfig, options: object) -> str:
     host = getattr(options, "control_host", None) or config.control.host or getattr(options, "host", "")
     port = getattr(options, "control_port", None) or config.control.port or getattr(options, "port", 8000)
-    return f"http://{host or '127.0.0.1'}:{port}"
+    if host in ("", "0.0.0.0", "::"):  # a wildcard bind is not an address others can reach
+        host = socket.gethostname() if host else "127.0.0.1"
+    return f"http://{host}:{port}"
 
 
 def from_options(

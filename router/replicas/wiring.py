@@ -67,6 +67,7 @@ def replica_components(
     settings: ReplicaSettings | None,
     endpoints: str,
     prober: Any = None,
+    ha: Any = None,
 ) -> list[Component]:
     if settings is None:
         return []
@@ -75,6 +76,8 @@ def replica_components(
     client = EtcdClient(endpoints, timeout_s=1.0, retry_s=0.0)
     service = ReplicaService(core, lifecycle, client, settings)
     service.on_start.append(lambda: adapt_prober(service, prober))  # after the monitor set its validator
+    if ha is not None:
+        ha.adopt = service.adopt  # a takeover adopts the lifecycle only
     return [service]
 
 

@@ -24,7 +24,14 @@ from router.serving.admission import Admission, QueueExpired, QueueFull
 from router.serving.errors import ClientError, client_error_response, error_doc
 from router.serving.outcome import RequestRecord, finish
 from router.serving.parse import PATHS, Endpoint, ParsedRequest, parse_request
-from router.serving.relay import StreamError, StreamState, assemble_response, process_chunk
+from router.serving.relay import (
+    StreamError,
+    StreamState,
+    assemble_response,
+    process_chunk,
+    relay_chunk,
+)
+from router.serving.stream import BLOCKED, ClientGone, ClientRelay
 
 if TYPE_CHECKING:
     from router.scheduler import EngineRuntime
@@ -80,6 +87,7 @@ class Serving:
         self.max_attempts = cfg.serving.max_attempts
         self.request_timeout = cfg.serving.request_timeout_s
         self.first_token_timeout = cfg.engine.first_token_timeout_s
+        self.client_write_timeout = cfg.serving.client_write_timeout_s
 
     # -- component protocol -----------------------------------------------------------------
     def add_routes(self, app: web.Application) -> None:
@@ -229,7 +237,7 @@ class Serving:
                 self._evidence(f, rec.prefill_iid)
                 rec.attempt_failures.append(f"{f.phase}:{f.iid}:{f.kind}")
                 tried.append(f.iid)
-                if rec.started or f.client_fault or attempt == self.max_attempts:
+                if rec.started or f.final or attempt == self.max_attempts:
                     type_ = "invalid_request_error" if f.client_fault else f.phase
                     return await self._fail(
                         request, rec, "failed", f.reason, f.client_status, str(f), type_, f.reason
@@ -237,6 +245,8 @@ class Serving:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _evidence(self, f: LegFailure, producer: str | None) -> None:
+        if f.kind == "response_limit":  # the answer was too big for this router: not the engine's fault
+            return
         if f.kind == "rejected":
             self.breaker.record_success(f.iid, "transport")
             return
@@ -312,21 +322,29 @@ class Serving:
         frames: list[bytes] = []
         try:
             try:
-                async with asyncio.timeout(self.first_token_timeout):
-                    try:
-                        stream = await engines.open_decode(d.iid, d.url, path, dbody, xrid + "-decode")
-                    finally:
-                        d.opening_decode -= 1
-                    while True:
-                        payload = await stream.next_data()
-                        if payload is None:
-                            raise LegFailure("stream", "decode", d.iid, "[DONE] before any token")
-                        out, n = process_chunk(payload, st, want, buffered)
-                        if not buffered:
-                            frames.append(b"data: " + out + b"\n\n")
-                        if n:
-                            break
-            except TimeoutError:
+                # first_token_timeout_s bounds the leg until the first token (the engine client's
+                # watchdog enforces it: no timer per request)
+                try:
+                    stream = await engines.open_decode(
+                        d.iid, d.url, path, dbody, xrid + "-decode", self.first_token_timeout
+                    )
+                finally:
+                    d.opening_decode -= 1
+                while True:
+                    payload = await stream.next_data()
+                    if payload is None:
+                        raise LegFailure("stream", "decode", d.iid, "[DONE] before any token")
+                    if buffered:
+                        _, n = process_chunk(payload, st, want, True)
+                    else:
+                        out, n = relay_chunk(payload, st, want)
+                        frames += (b"data: ", out, b"\n\n")
+                    if n:
+                        break
+                stream.resp.deadline = 0.0
+            except LegFailure as f:
+                if not f.deadline:
+                    raise
                 self.core.demand_risk.record("first_token_timeout")  # HA: consolidation risk (spec §9.3)
                 f = LegFailure(
                     "stream", "decode", d.iid, f"no first token within {self.first_token_timeout}s"
@@ -377,37 +395,66 @@ class Serving:
         rec: RequestRecord,
         frames: list[bytes],
     ) -> web.StreamResponse:
-        """Streaming client: relay SSE frames as they arrive; from here on no retry is possible."""
+        """Streaming client: relay SSE frames as they arrive; from here on no retry is possible.
+
+        What is in hand (the first token's frames and any that arrived with them) goes out with the
+        response head in one write; then the engine connection's callbacks relay the rest
+        (``serving/stream.py``) while this task waits for the end, a failure or back-pressure.
+        """
         resp = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rec.rid})
         request["narwhal_stream"] = resp
-        await resp.prepare(request)
+        writer = await resp.prepare(request)
         rec.started = True
         want = parsed.want_token_ids
-        # Frames already in hand (the first token's, plus any that arrived with it) go out in one
-        # write; after that, every burst of events read together is relayed with one write.
         payloads, done = stream.ready()
         try:
-            while True:
-                for payload in payloads:
-                    try:
-                        out, _ = process_chunk(payload, st, want, False)
-                    except StreamError:
-                        if frames:  # relay the good frames before the bad one, as they came
-                            await resp.write(b"".join(frames))
-                        raise
-                    frames.append(b"data: " + out + b"\n\n")
-                if done:
-                    frames.append(_DONE)
-                    break
-                if frames:
-                    await resp.write(b"".join(frames) if len(frames) > 1 else frames[0])
-                    frames.clear()
-                payloads, done = await stream.next_events()
+            for payload in payloads:
+                try:
+                    out, _ = relay_chunk(payload, st, want)
+                except StreamError:
+                    if frames:  # relay the good frames before the bad one, as they came
+                        await resp.write(b"".join(frames))
+                    raise
+                frames += (b"data: ", out, b"\n\n")
         except StreamError as exc:
-            raise LegFailure("stream", "decode", stream.iid, str(exc)) from None
-        finally:
             rec.output_len = st.tokens
+            raise LegFailure("stream", "decode", stream.iid, str(exc)) from None
+        if done:
+            frames.append(_DONE)
+        else:
+            await resp.write(b"".join(frames))
+            transport = request.transport
+            if transport is None or writer is None:
+                raise ConnectionResetError("client disconnected")
+            relay = ClientRelay(stream, transport, request.protocol, writer.chunked, st, want)  # type: ignore[attr-defined]
+            relay.start()
+            try:
+                while await relay.signal == BLOCKED:
+                    try:
+                        async with asyncio.timeout(self.client_write_timeout):
+                            await writer.drain()
+                    except TimeoutError:
+                        rec.output_len = st.tokens
+                        raise _Settled(self._slow_client(rec, resp, transport)) from None
+                    relay.rearm()
+            except ClientGone:
+                raise ConnectionResetError("client disconnected") from None
+            finally:
+                relay.detach()
+                rec.output_len = st.tokens
+            frames = relay.tail
+        rec.output_len = st.tokens
         # The last frames, [DONE] and the end of the chunked body: one write.
         await resp.write_eof(b"".join(frames))
         finish(self.core, self.stats, rec, "served")
+        return resp
+
+    def _slow_client(
+        self, rec: RequestRecord, resp: web.StreamResponse, transport: asyncio.Transport
+    ) -> web.StreamResponse:
+        """The client did not take the stream's bytes within client_write_timeout_s: cut it."""
+        rec.cancelled_phase = "decode"
+        msg = f"client did not read the stream within serving.client_write_timeout_s ({self.client_write_timeout}s)"
+        finish(self.core, self.stats, rec, "cancelled", "slow_client", 499, msg)
+        transport.abort()  # its unread bytes are dropped; the engine leg is closed by the caller
         return resp

@@ -91,10 +91,16 @@ def finish(
     now = core.clock.monotonic()
     duration = now - rec.arrived
     ttft = rec.first_token_at - rec.arrived if rec.first_token_at is not None else None
+    tpot: float | None = None
+    if rec.first_token_at is not None and rec.output_len > 1:
+        tpot = (now - rec.first_token_at) / (rec.output_len - 1)
     if outcome == "served":
         stats.e2e.observe(duration)
         if ttft is not None:
             stats.ttft.observe(ttft)
+        slo = core.config.slo
+        if slo is not None and ttft is not None and ttft <= slo.ttft_s and (tpot or 0.0) <= slo.tpot_s:
+            core.counters.values["slo_met"] += 1
     row: dict[str, Any] = {
         "rid": rec.rid,
         "client_rid": rec.client_rid,
@@ -102,6 +108,7 @@ def finish(
         "input_len": rec.input_len,
         "output_len": rec.output_len,
         "ttft_s": ttft,
+        "tpot_s": tpot,
         "duration_s": duration,
         "attempts": rec.attempts,
         "attempt_failures": rec.attempt_failures,

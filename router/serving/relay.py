@@ -90,6 +90,35 @@ def process_chunk(payload: bytes, st: StreamState, want_ids: bool, assemble: boo
     return (orjson.dumps(obj) if changed else payload), n
 
 
+_TIDS = b',"token_ids":['
+_ANY_TIDS = b'"token_ids":'
+
+
+def relay_chunk(payload: bytes, st: StreamState, want_ids: bool) -> tuple[bytes, int]:
+    """``process_chunk`` for a streaming client, on bytes: count the choice's ``token_ids`` and cut
+    them out without a JSON round trip when the chunk has the usual shape (one choice, with an
+    ``index``, holding one compact ``,"token_ids":[ints]``; no ``prompt_token_ids``, no ``error``).
+    Anything else takes the full parse, so the result is the same either way."""
+    i = payload.find(_TIDS)
+    if i == -1 or b'"error"' in payload or b"prompt_token" in payload:
+        return process_chunk(payload, st, want_ids, False)
+    start = i + 14
+    end = payload.find(b"]", start)
+    if end == -1 or payload.find(_ANY_TIDS, end) != -1 or payload.count(b'"index":') != 1:
+        return process_chunk(payload, st, want_ids, False)
+    ids = payload[start:end]
+    if ids.isdigit():  # the usual stream_interval=1 chunk: one token
+        n = 1
+    elif not ids:
+        n = 0
+    elif ids.replace(b",", b"").isdigit():
+        n = ids.count(b",") + 1
+    else:
+        return process_chunk(payload, st, want_ids, False)
+    st.tokens += n
+    return (payload if want_ids else payload[:i] + payload[end + 1 :]), n
+
+
 def assemble_response(
     st: StreamState, endpoint: Endpoint, model: str, rid: str, want_ids: bool
 ) -> dict[str, Any]:

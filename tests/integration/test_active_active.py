@@ -8,6 +8,7 @@ failures per replica, and the epoch after a takeover.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -27,9 +28,11 @@ from tests.integration.active_active_support import (
     start_replica,
     wait_serving,
 )
+from tests.integration.conftest import Temporal
 from tests.integration.lifecycle_support import wait_for
+from tests.integration.restart_support import new_fleet, plan, start, supervisor_restarts, until
 from tests.support.etcd import EtcdCluster
-from tests.support.fleet import start_sims
+from tests.support.fleet import process_start, start_sims, start_supervisor
 from tests.support.procs import proc_group
 
 pytestmark = pytest.mark.integration
@@ -45,7 +48,7 @@ def test_every_replica_serves_one_controls_and_a_drain_holds_on_every_replica(
     tmp_path: Path, etcd_cluster: EtcdCluster, etcd_prefix: str
 ) -> None:
     with proc_group(tmp_path) as group:
-        sims = start_sims(group, 3, itl_ms=2)
+        sims = start_sims(group, 3, itl_ms=4)  # the long stream: 6000 tokens ≈ 24 s
         names = ["r0", "r1", "r2"]
         replicas = [
             start_replica(group, tmp_path, sims, etcd_cluster.endpoints, etcd_prefix, n) for n in names
@@ -64,7 +67,7 @@ def test_every_replica_serves_one_controls_and_a_drain_holds_on_every_replica(
         # a long stream placed by a non-holder: its decode leg is the only resident work
         follower = others[0]
         fid = replica_id(follower)
-        long = LongStream(follower.url).start()
+        long = LongStream(follower.url, max_tokens=6000).start()
         target = wait_for("the long stream's engine", lambda: stream_engine(replica_resident(holder, fid)))
         sim = next(s for s in sims if s.iid == target)
 
@@ -76,12 +79,12 @@ def test_every_replica_serves_one_controls_and_a_drain_holds_on_every_replica(
             for r in replicas:  # every replica holds it out of placement
                 assert lifecycle(r)["engines"][target]["accepts_new"] is False
             served = load.total_ok()
-            wait_for("120 more requests served", lambda: load.total_ok() >= served + 120, timeout=60)
+            wait_for("60 more requests served", lambda: load.total_ok() >= served + 60, timeout=60)
             assert legs(sim) == received  # not one new leg reached the drained engine
             doc = lifecycle(holder)
+            assert not long.done.is_set(), "the long stream ended too early for this check"
             assert doc["engines"][target]["ready_to_stop"] is False  # the follower's stream runs on
             assert doc["engines"][target]["resident"]["decode"] >= 1
-            assert not long.done.is_set()
             long.done.wait(120)
             assert long.status == 200 and "[DONE]" in long.text
             wait_for(
@@ -106,7 +109,7 @@ def test_kill9_of_a_non_holder_with_a_stream_on_the_drained_engine(
         ]
         holder = wait_serving(replicas)
         victim = next(r for r in replicas if r is not holder)
-        LongStream(victim.url, max_tokens=20_000).start()
+        LongStream(victim.url, max_tokens=4000).start()
         target = wait_for(
             "the stream's engine", lambda: stream_engine(replica_resident(holder, replica_id(victim)))
         )
@@ -144,9 +147,8 @@ def test_kill9_of_the_holder_under_load_another_replica_controls_and_serving_nev
         with replica_load([r.url for r in replicas]) as load:
             wait_for("load on every replica", lambda: all(load.ok.get(r.url, 0) >= 5 for r in replicas))
             holder.proc.kill9()
-            killed = time.monotonic()
+            killed = time.time()
             new = wait_for("a new holder", lambda: holder_of(survivors), timeout=30, interval=0.05)
-            took = time.monotonic() - killed
             served = {r.url: load.ok.get(r.url, 0) for r in survivors}
             wait_for(
                 "the survivors keep serving",
@@ -154,10 +156,44 @@ def test_kill9_of_the_holder_under_load_another_replica_controls_and_serving_nev
                 timeout=60,
             )
         assert load.failures([r.url for r in survivors]) == []
-        assert took <= LEASE_TTL + 2 * RENEW + 1.0, f"takeover after {took:.2f}s"
+        # when the new holder took control, from its own journal (the polling above runs under load)
+        claims = wait_for(
+            "the claim in the journal",
+            lambda: [r for r in new.journal_rows() if r.get("event") == "replica_control"],
+        )
+        took = claims[0]["at"] - killed
+        assert took <= LEASE_TTL + 2 * RENEW, f"takeover after {took:.2f}s"
         ready = new.get("/ready").json()
         assert ready["epoch"] == epoch + 1
         doc = lifecycle(new)
         assert doc["engines"]["e2"]["state"] == "drained" and doc["engines"]["e2"]["accepts_new"] is False
         for r in survivors:
             assert r.get("/ready").status_code == 200
+
+
+async def test_rolling_restart_over_three_replicas_under_load_through_any_replica(
+    temporal: Temporal, worker_queue: str, tmp_path: Path, etcd_cluster: EtcdCluster, etcd_prefix: str
+) -> None:
+    with proc_group(tmp_path) as group:
+        sup, sims = start_supervisor(group, tmp_path, 4)
+        replicas = [
+            start_replica(group, tmp_path, sims, etcd_cluster.endpoints, etcd_prefix, n)
+            for n in ("r0", "r1", "r2")
+        ]
+        holder = await asyncio.to_thread(wait_serving, replicas)
+        follower = next(r for r in replicas if r is not holder)
+        before = {s.iid: process_start(s.url) for s in sims}
+        with replica_load([r.url for r in replicas], workers=4) as load:
+            await until("load on every replica", lambda: all(load.ok.get(r.url, 0) >= 5 for r in replicas))
+            handle = await start(temporal, worker_queue, plan(new_fleet("aa"), [follower.url], sup))
+            res = await asyncio.wait_for(handle.result(), 240)
+            served = load.total_ok()
+            await until("load after the restart", lambda: load.total_ok() >= served + 20)
+        assert res.ok, res.message
+        for iid, e in res.engines.items():
+            assert e.new_process_start is not None and e.new_process_start > before[iid]
+        assert supervisor_restarts(sup) == {iid: 1 for iid in before}
+        assert load.failures() == []
+        for r in replicas:
+            doc = lifecycle(r)
+            assert all(e["state"] == "active" and e["accepts_new"] for e in doc["engines"].values())

@@ -99,6 +99,7 @@ def test_compose_config_resolves_the_expected_services(compose_env: dict[str, st
         "supervisor",
         "otel-collector",
         "jaeger",
+        "etcd",
     } <= services
 
 
@@ -147,7 +148,8 @@ def test_failover_override_validates_and_makes_router_a_a_standby_of_b(compose_e
     merged = yaml.safe_load(proc.stdout)["services"]
     cmd = _words(merged["router-a"]["command"])
     assert cmd[cmd.index("--standby-of") + 1] == "http://router-b:8100"
-    assert cmd[cmd.index("--lease-path") + 1] == "/shared/router.lease"
+    assert cmd[cmd.index("--etcd-endpoints") + 1] == "http://etcd:2379"
+    assert "--lease-path" not in cmd
     assert list(_narwhal_commands(yaml.safe_load(override.read_text(encoding="utf-8")))) == ["narwhal-serve"]
 
 
@@ -176,12 +178,14 @@ def test_fleet_and_supervisor_agree_on_engines() -> None:
         assert command[command.index("--host") + 1] == "0.0.0.0", "engines must be reachable from routers"
 
 
-def test_compose_services_share_the_lease_and_export_traces() -> None:
+def test_compose_routers_lease_through_etcd_and_export_traces() -> None:
     services = _compose()["services"]
+    assert "etcd" in services and "healthcheck" in services["etcd"]
     for name in ("router-a", "router-b"):
         cmd = _words(services[name]["command"])
-        assert cmd[cmd.index("--lease-path") + 1] == "/shared/router.lease"
-        assert any(v.startswith("router-lease:/shared") for v in services[name]["volumes"])
+        assert cmd[cmd.index("--etcd-endpoints") + 1] == "http://etcd:2379"
+        assert "--lease-path" not in cmd  # no shared lease volume: the routers may be on two hosts
+        assert not any(":/shared" in v for v in services[name]["volumes"])
         assert cmd[cmd.index("--fleet") + 1] == "/config/fleet.json"
     standby = _words(services["router-b"]["command"])
     assert standby[standby.index("--standby-of") + 1] == "http://router-a:8100"

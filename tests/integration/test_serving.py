@@ -216,6 +216,8 @@ def test_journal_header_rows_and_counter_identity(fleet: tuple[RouterHandle, lis
         "epoch": 0,
         "holder": "",
         "reason": "",
+        "control_degraded": "",
+        "lease_problem": "",
     }
     assert router.get("/metrics").headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
 

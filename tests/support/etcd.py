@@ -198,6 +198,27 @@ class EtcdCluster:
             return kv
         raise RuntimeError("no etcd member answered")
 
+    def keys(self, prefix: str) -> list[str]:
+        """Every key under ``prefix``, sorted."""
+        import base64
+
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        body = {
+            "key": base64.b64encode(prefix.encode()).decode(),
+            "range_end": base64.b64encode(end.encode()).decode(),
+            "keys_only": True,
+        }
+        for m in self.members:
+            if not m.alive():
+                continue
+            try:
+                r = httpx.post(m.url + "/v3/kv/range", json=body, timeout=3.0, trust_env=False)
+            except httpx.HTTPError:
+                continue
+            if r.status_code == 200:
+                return sorted(base64.b64decode(kv["key"]).decode() for kv in r.json().get("kvs", []))
+        raise RuntimeError("no etcd member answered")
+
     def put(self, key: str, value: bytes) -> None:
         import base64
 

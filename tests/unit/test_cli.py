@@ -40,7 +40,7 @@ def write(tmp_path: Path, doc: dict[str, Any], name: str = "fleet.json") -> Path
 def test_peer_070_fleet_file_is_accepted(tmp_path: Path) -> None:
     cfg = load_fleet(write(tmp_path, PEER_FLEET))
     assert cfg.serving.max_attempts == 3 and cfg.engines[0].url == "http://127.0.0.1:1"
-    assert "engine.tokenize" in cfg.unused_keys() and "slo" in cfg.unused_keys()
+    assert "engine.tokenize" in cfg.unused_keys() and "slo" not in cfg.unused_keys()  # slo → slo_met
     app, core = build_router(cfg, RouterOptions(journal=str(tmp_path / "j.jsonl")))
     assert sorted(core.scheduler.engines) == ["e0", "e1"]
     paths = {r.resource.canonical for r in app.router.routes() if r.resource is not None}

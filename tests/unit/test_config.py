@@ -38,7 +38,7 @@ def test_peer_fleet_file_accepted_and_unused_keys_reported(tmp_path: Path) -> No
     assert cfg.contract_complete and cfg.engine_contract is not None
     assert cfg.engine_contract["engine_version"] == "0.11.0"
     unused = cfg.unused_keys()
-    for key in ("slo", "profiles", "engine.tokenize", "serving.admission", "controller.flip_cooldown_s"):
+    for key in ("profiles", "engine.tokenize", "serving.admission", "controller.flip_cooldown_s"):
         assert key in unused
 
 

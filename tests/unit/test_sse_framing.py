@@ -140,3 +140,63 @@ def test_batches_hold_every_event_already_received() -> None:
         assert await stream.next_data() is None
 
     asyncio.run(run())
+
+
+# -- CRLF / CR line ends and the byte-level relay ----------------------------------------------------
+@settings(max_examples=150, deadline=None)
+@given(
+    events=st.lists(_event, max_size=8),
+    eol=st.sampled_from([b"\r\n", b"\r"]),
+    cuts=st.lists(st.integers(0, 10_000), max_size=12),
+)
+def test_crlf_and_cr_framing_gives_the_lf_events(events: list[bytes], eol: bytes, cuts: list[int]) -> None:
+    lf = b"\n\n".join(events) + b"\n\n"
+    body = lf.replace(b"\n", eol)
+    points = sorted({c % (len(body) + 1) for c in cuts})
+    chunks = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True) if b > a]
+
+    async def run() -> None:
+        assert await _one_by_one(chunks) == await _reference([lf])
+
+    asyncio.run(run())
+
+
+_chunk_doc = st.fixed_dictionaries(
+    {
+        "id": st.just("cmpl-1"),
+        "choices": st.lists(
+            st.fixed_dictionaries(
+                {"index": st.just(0), "text": _text},
+                optional={
+                    "token_ids": st.lists(st.integers(0, 2**20), max_size=4),
+                    "finish_reason": st.sampled_from([None, "length"]),
+                    "prompt_token_ids": st.lists(st.integers(0, 9), max_size=2),
+                },
+            ),
+            max_size=2,
+        ),
+    },
+    optional={"usage": st.just({"prompt_tokens": 1}), "error": st.just({"message": "boom"})},
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=_chunk_doc, want=st.booleans(), first=st.booleans())
+def test_byte_relay_matches_the_json_relay(doc: dict[str, Any], want: bool, first: bool) -> None:
+    from router.serving.relay import StreamError, StreamState, process_chunk, relay_chunk
+
+    if first and doc["choices"]:  # token_ids as the first key of a choice
+        ch = doc["choices"][0]
+        doc["choices"][0] = {"token_ids": ch.pop("token_ids", [1]), **ch}
+    payload = orjson.dumps(doc)
+    a, b = StreamState(), StreamState()
+    try:
+        want_out, want_n = process_chunk(payload, a, want, False)
+    except StreamError:
+        try:
+            relay_chunk(payload, b, want)
+        except StreamError:
+            return
+        raise AssertionError("relay_chunk accepted an error chunk") from None
+    out, n = relay_chunk(payload, b, want)
+    assert (orjson.loads(out), n, b.tokens) == (orjson.loads(want_out), want_n, a.tokens)

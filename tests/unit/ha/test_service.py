@@ -14,6 +14,7 @@ from router.clock import FakeClock
 from router.ha import statefile
 from router.ha.handoff import HandoffVersionError, validate
 from router.ha.lease import Lease, LeaseError, LeaseSettings
+from router.ha.lease_backend import FileLease
 from router.ha.service import HAService
 from router.ha.settings import HARuntime
 from router.ha.standby import StandbyLoop, judge_probe
@@ -172,7 +173,8 @@ async def test_transient_renewal_errors_are_retried_and_a_local_loss_claims_agai
     ha = _service(tmp_path, c)
     await ha.start()
     assert ha.lease is not None and ha.keeper is not None
-    lease = ha.lease
+    assert isinstance(ha.lease, FileLease)
+    lease = ha.lease.lease  # the file lease behind the async seam
     real_update = lease.backend.update
     failures = {"left": 8}  # 8 failures × 0.2 s steps: past the 0.9 s validity, lost locally
     renewals = {"ok": 0}

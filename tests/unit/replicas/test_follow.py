@@ -200,3 +200,27 @@ def test_the_peer_document_is_unchanged_without_replicas() -> None:
         "schema", "schema_version", "router", "wave", "engines", "events",
         "engine_restart_policy", "process_starts", "error",
     }  # fmt: skip
+
+
+def test_a_takeover_adopts_the_lifecycle_but_keeps_this_replicas_counters_and_evidence() -> None:
+    from router.ha.etcd_client import EtcdClient
+    from router.replicas.service import ReplicaService, ReplicaSettings
+
+    p = Pair()
+    p.drain("e0")
+    p.hs.machine.mark_validating(["e0"], False)  # the holder dies while validating e0
+    p.holder.counters.offer()
+    p.holder.scheduler.eject("e2", "liveness")
+    doc = transfer.build(p.holder, p.hs)
+    settings = ReplicaSettings(prefix="/narwhal/fake/", replica_id="r1", control_url="http://r1.test")
+    service = ReplicaService(p.core, p.fs, EtcdClient("http://127.0.0.1:9"), settings)
+    p.core.counters.offer()
+    p.core.counters.offer()
+    applied, why = service.adopt(doc)
+    assert applied, why
+    assert p.fs.machine.state("e0") == "blocked"  # a replacement cannot finish the validation
+    assert p.core.counters.snapshot()["offered"] == 2  # this replica's own counters
+    assert "e2" not in p.core.scheduler.ejected  # the dead holder's breaker evidence stays its own
+    assert p.core.identities_ready  # it served on them as a follower; the monitor re-checks them
+    foreign = transfer.build(router(fleet(model="other"))[0], None)
+    assert service.adopt(foreign)[0] is False

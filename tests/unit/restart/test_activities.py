@@ -127,6 +127,24 @@ async def test_any_active_active_replica_leads_to_the_holder_it_names() -> None:
     ]
 
 
+async def test_preflight_also_follows_the_holder_an_active_active_replica_names() -> None:
+    from workflows.preflight import find_holder
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.host == "router-a":
+            doc = lifecycle(controls=False)
+            doc["replicas"] = {"mode": "active-active", "self_id": "r1", "holder_id": "r0",
+                               "holder_url": "http://router-h:9000", "version": 3, "members": []}  # fmt: skip
+            return httpx.Response(200, json=doc)
+        if req.url.path == "/narwhal/handoff":
+            return httpx.Response(404)
+        return httpx.Response(200, json=lifecycle())
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+        view = await find_holder(http, [A], "")
+    assert view.controls_fleet and view.router_url == "http://router-h:9000"
+
+
 async def test_no_holder_is_a_retryable_router_unavailable() -> None:
     acts, _ = activities(lambda req: httpx.Response(200, json=lifecycle(controls=False)))
     with pytest.raises(ApplicationError) as err:

@@ -1,0 +1,375 @@
+"""HTTP/1.1 to the engines on asyncio protocols: keep-alive pool, ``httptools`` (llhttp) parsing.
+
+The data plane's engine legs are small, known-shape requests (a JSON POST) answered either with a
+JSON body (prefill, errors) or a chunked SSE stream (decode). A general HTTP client does far more
+per request and per body chunk than that needs; this one writes a prebuilt request head and body
+with one ``transport.write`` and parses responses in C. Body bytes are delivered to the
+:class:`Response` from the connection's ``data_received`` callback: buffered for ``readany()`` /
+``read()``, or — once a listener is attached — handed straight to it, so a relay can forward a
+decode stream to its client without waking a task per token.
+
+Errors: :class:`ConnectFailed` (no connection: refused, unreachable, connect timeout),
+:class:`ConnectionLost` (connected, then lost before the response ended), :class:`BadResponse`
+(not HTTP), :class:`ResponseTooLarge` (over the caller's byte limit); ``TimeoutError`` is set by
+the caller's deadline or the stream watchdog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections.abc import Callable
+from typing import Protocol
+
+import httptools
+
+
+class WireError(Exception):
+    """A failed engine exchange."""
+
+
+class DeadlineExceeded(TimeoutError):
+    """The caller's bound on the exchange (``Response.deadline``) passed."""
+
+
+class ConnectFailed(WireError):
+    pass
+
+
+class ConnectionLost(WireError):
+    pass
+
+
+class BadResponse(WireError):
+    pass
+
+
+class ResponseTooLarge(WireError):
+    pass
+
+
+class Listener(Protocol):
+    """Receives a response body from the connection's callbacks (after ``Response.attach``)."""
+
+    def on_data(self, chunks: list[bytes]) -> None: ...
+
+    def on_end(self) -> None: ...
+
+    def on_error(self, exc: BaseException) -> None: ...
+
+
+class Response:
+    """One engine response: status, then body bytes (buffered, or pushed to an attached listener)."""
+
+    __slots__ = (
+        "_chunks",
+        "_exc",
+        "_head",
+        "_listener",
+        "_waiter",
+        "complete",
+        "conn",
+        "deadline",
+        "idle_limit",
+        "last_rx",
+        "limit",
+        "on_close",
+        "received",
+        "status",
+    )
+
+    def __init__(self, conn: EngineConnection, limit: int) -> None:
+        self.conn = conn
+        self.limit = limit  # body bytes; over it the response fails with ResponseTooLarge
+        self.status = 0
+        self.received = 0
+        self.complete = False  # the whole message was parsed
+        self.last_rx = 0.0  # loop time of the last body bytes (the stream watchdog reads it)
+        self.deadline = 0.0  # loop time by which the caller's bound ends (0: none); see watchdog
+        self.idle_limit = 0.0  # longest silence between body bytes (0: unbounded)
+        self._chunks: list[bytes] = []
+        self._exc: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._head: asyncio.Future[None] = conn.loop.create_future()
+        self._listener: Listener | None = None
+        self.on_close: Callable[[Response], None] | None = None  # called once by close()/release()
+
+    @property
+    def content(self) -> Response:
+        """``readany()`` lives on the response itself (the shape ``DecodeStream`` reads)."""
+        return self
+
+    # -- from the connection ----------------------------------------------------------------
+    def _on_head(self, status: int) -> None:
+        self.status = status
+        if not self._head.done():
+            self._head.set_result(None)
+
+    def _on_body(self, body: bytes) -> None:
+        self.received += len(body)
+        if self.received <= self.limit:  # over it: data_received fails the response after the parse
+            self._chunks.append(body)
+
+    def _flush(self) -> None:
+        """After one ``data_received``: hand what arrived to the listener, or wake the reader."""
+        if not self._chunks:
+            return
+        self.last_rx = self.conn.loop.time()
+        if self._listener is not None:
+            chunks, self._chunks = self._chunks, []
+            self._listener.on_data(chunks)
+            if self.complete and self._listener is not None:
+                self._listener.on_end()
+        else:
+            self._wake()
+
+    def _on_complete(self) -> None:
+        self.complete = True
+        if self._listener is not None and not self._chunks:
+            self._listener.on_end()
+        else:
+            self._wake()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._exc is not None:
+            return
+        self._exc = exc
+        if not self._head.done():
+            self._head.set_exception(exc)
+            self._head.exception()  # retrieved here: the waiter may be gone already
+        if self._listener is not None:
+            self._listener.on_error(exc)
+        else:
+            self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # -- for the caller ---------------------------------------------------------------------
+    async def head(self) -> None:
+        await self._head
+
+    async def readany(self) -> bytes:
+        """The body bytes that arrived since the last call (waiting for some); b"" at the end."""
+        while not self._chunks:
+            if self.complete:
+                return b""
+            if self._exc is not None:
+                raise self._exc
+            self._waiter = self.conn.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunks, self._chunks = self._chunks, []
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def read(self) -> bytes:
+        parts: list[bytes] = []
+        while chunk := await self.readany():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def take_buffered(self) -> list[bytes]:
+        chunks, self._chunks = self._chunks, []
+        return chunks
+
+    def attach(self, listener: Listener | None) -> None:
+        """Push future body bytes (and the end or a failure) to ``listener`` from the callbacks."""
+        self._listener = listener
+        if listener is None:
+            return
+        if self._exc is not None:
+            listener.on_error(self._exc)
+        elif self.complete and not self._chunks:
+            listener.on_end()
+
+    def fail(self, exc: BaseException) -> None:
+        """Fail the response from outside (deadline, watchdog) and drop the connection."""
+        self._fail(exc)
+        self.conn.abort()
+
+    def pause_reading(self) -> None:
+        self.conn.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.last_rx = self.conn.loop.time()  # the silence while paused was ours, not the engine's
+        self.conn.resume_reading()
+
+    def close(self) -> None:
+        """Drop the connection (not back to the pool): the engine sees the client go away."""
+        self._done()
+        self.conn.abort()
+
+    def release(self) -> None:
+        """Return the connection to its pool when the response ended cleanly, else drop it."""
+        self._done()
+        self.conn.finish(self)
+
+    def _done(self) -> None:
+        self._listener = None
+        cb, self.on_close = self.on_close, None
+        if cb is not None:
+            cb(self)
+
+
+class EngineConnection(asyncio.Protocol):
+    """One keep-alive connection to an engine; parses one response at a time."""
+
+    def __init__(self, pool: EnginePool, key: tuple[str, int], loop: asyncio.AbstractEventLoop) -> None:
+        self.pool = pool
+        self.key = key
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser: httptools.HttpResponseParser | None = None
+        self.response: Response | None = None
+        self.reused = False
+        self.keep_alive = True
+        self.closed = False
+        self.reading = True  # False while the router paused reading (a slow client downstream)
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data: bytes) -> None:
+        resp, parser = self.response, self.parser
+        if resp is None or parser is None:
+            self.abort()  # bytes nobody asked for: the connection is not reusable
+            return
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            resp._fail(BadResponse("engine answered with a protocol upgrade"))
+            self.abort()
+            return
+        except httptools.HttpParserError as exc:
+            resp._fail(BadResponse(f"engine response is not valid HTTP: {exc}"))
+            self.abort()
+            return
+        if resp.received > resp.limit:
+            resp._fail(ResponseTooLarge(f"engine response exceeds {resp.limit} bytes"))
+            self.abort()
+            return
+        resp._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        resp = self.response
+        if resp is not None and not resp.complete:
+            what = "before the response" if not resp.status else "before the response ended"
+            resp._fail(ConnectionLost(f"engine closed the connection {what}"))
+
+    # -- httptools callbacks ----------------------------------------------------------------
+    def on_headers_complete(self) -> None:
+        assert self.parser is not None and self.response is not None
+        self.keep_alive = self.parser.should_keep_alive()
+        self.response._on_head(self.parser.get_status_code())
+
+    def on_body(self, body: bytes) -> None:
+        assert self.response is not None
+        self.response._on_body(body)
+
+    def on_message_complete(self) -> None:
+        assert self.response is not None
+        self.response._on_complete()
+
+    # -- requests ---------------------------------------------------------------------------
+    def send(self, data: bytes, limit: int) -> Response:
+        assert self.transport is not None
+        self.response = resp = Response(self, limit)
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport.write(data)
+        return resp
+
+    def finish(self, resp: Response) -> None:
+        if resp is not self.response:
+            return
+        if resp.complete and self.keep_alive and not self.closed:
+            self.response = None
+            self.parser = None
+            self.resume_reading()
+            self.pool.put(self)
+        else:
+            self.abort()
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed and self.reading:
+            self.reading = False
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed and not self.reading:
+            self.reading = True
+            self.transport.resume_reading()
+
+    def abort(self) -> None:
+        self.response = None
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.pool.forget(self)
+            self.transport.abort()
+
+
+class EnginePool:
+    """Idle keep-alive connections per engine address; new ones are made on demand."""
+
+    def __init__(self, connect_timeout: float, max_idle_per_engine: int = 1024) -> None:
+        self.connect_timeout = connect_timeout
+        self.max_idle = max_idle_per_engine
+        self._idle: dict[tuple[str, int], list[EngineConnection]] = {}
+        self._all: set[EngineConnection] = set()
+
+    async def acquire(self, key: tuple[str, int], tls: ssl.SSLContext | None = None) -> EngineConnection:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                conn.reused = True
+                return conn
+        return await self.connect(key, tls)
+
+    async def connect(self, key: tuple[str, int], tls: ssl.SSLContext | None = None) -> EngineConnection:
+        loop = asyncio.get_running_loop()
+        factory: Callable[[], EngineConnection] = lambda: EngineConnection(self, key, loop)  # noqa: E731
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(
+                    factory, key[0], key[1], ssl=tls, server_hostname=key[0] if tls else None
+                )
+        except TimeoutError:
+            raise ConnectFailed(f"connect timed out after {self.connect_timeout}s") from None
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect: {type(exc).__name__}") from None
+        self._all.add(conn)
+        return conn
+
+    def put(self, conn: EngineConnection) -> None:
+        idle = self._idle.setdefault(conn.key, [])
+        if len(idle) >= self.max_idle:
+            conn.abort()
+            return
+        conn.reused = False
+        idle.append(conn)
+
+    def forget(self, conn: EngineConnection) -> None:
+        self._all.discard(conn)
+        idle = self._idle.get(conn.key)
+        if idle and conn in idle:
+            idle.remove(conn)
+
+    def close(self) -> None:
+        for conn in list(self._all):
+            conn.abort()
+        self._all.clear()
+        self._idle.clear()

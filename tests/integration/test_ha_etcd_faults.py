@@ -1,0 +1,138 @@
+"""HA on etcd when etcd has a bad day: the leader member killed, quorum lost, one router
+partitioned from etcd (a TCP proxy cut and restored). Each test has a cluster of its own."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.etcd_support import (
+    STANDBY,
+    TTL_PLUS_MARGIN,
+    controls,
+    drain,
+    epoch_of,
+    etcd_router,
+    held,
+    ready,
+    wait_controls,
+)
+from tests.integration.lifecycle_support import wait_for
+from tests.support.etcd import EtcdCluster
+from tests.support.fleet import start_sims
+from tests.support.procs import proc_group
+from tests.support.router import RouterHandle
+from tests.support.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.integration
+
+
+def _controller(*routers: RouterHandle) -> RouterHandle | None:
+    for r in routers:
+        if controls(r):
+            return r
+    return None
+
+
+def test_killing_the_etcd_leader_costs_no_control(
+    tmp_path: Path, private_etcd: EtcdCluster, etcd_prefix: str
+) -> None:
+    eps = private_etcd.endpoints
+    with proc_group(tmp_path) as group:
+        sims = start_sims(group, 3, itl_ms=5)
+        a = etcd_router(group, tmp_path, sims, "a", eps, etcd_prefix, wait_ready=True)
+        b = etcd_router(group, tmp_path, sims, "b", eps, etcd_prefix, "--standby-of", a.url, *STANDBY)
+        wait_for("standby shadowing", lambda: ready(b)[1].get("reason") == "shadowing")
+        assert drain(a, "e0").status_code == 200
+        leader = private_etcd.wait_leader()
+        private_etcd.stop(leader)
+        private_etcd.wait_leader(other_than=leader)
+        # control continues: at most one takeover, the hold intact, mutations acknowledged again
+        holder = wait_for("a router controls", lambda: _controller(a, b), timeout=60)
+        assert epoch_of(holder) <= 2
+        assert held(holder, "e0")
+        r = holder.post("/narwhal/lifecycle/readmit", {"engines": ["e1"]}, timeout=60)
+        assert r.status_code in (200, 409), r.text  # answered by a controlling router (e1 not drained)
+        assert "not control" not in r.text
+        if holder is a:
+            assert epoch_of(a) == 1  # the usual case: no takeover at all
+
+
+def test_quorum_loss_fences_every_router_and_quorum_return_restores_control(
+    tmp_path: Path, private_etcd: EtcdCluster, etcd_prefix: str
+) -> None:
+    eps = private_etcd.endpoints
+    with proc_group(tmp_path) as group:
+        sims = start_sims(group, 3, itl_ms=5)
+        a = etcd_router(group, tmp_path, sims, "a", eps, etcd_prefix, wait_ready=True)
+        b = etcd_router(group, tmp_path, sims, "b", eps, etcd_prefix, "--standby-of", a.url, *STANDBY)
+        wait_for("standby shadowing", lambda: ready(b)[1].get("reason") == "shadowing")
+        assert drain(a, "e0").status_code == 200
+        lost_at = time.monotonic()
+        private_etcd.stop(0)
+        private_etcd.stop(1)
+        # within TTL + safety margin no router controls any more, and /ready says why
+        wait_for("a fenced", lambda: not controls(a), timeout=TTL_PLUS_MARGIN + 30)
+        fenced_after = time.monotonic() - lost_at
+        wait_for("a names etcd", lambda: "etcd" in ready(a)[1].get("reason", ""), timeout=30)
+        for r in (a, b):
+            for action, body in (
+                ("drain", {"engines": ["e1"], "deadline_s": 60}),
+                ("readmit", {"engines": ["e0"]}),
+            ):
+                resp = r.post(f"/narwhal/lifecycle/{action}", body, timeout=60)
+                assert resp.status_code == 503, (r.url, action, resp.text)
+        assert not controls(b)
+        private_etcd.start(0, wait=False)
+        private_etcd.start(1, wait=False)
+        private_etcd.wait_healthy(timeout=60)
+        holder = wait_for("a router controls again", lambda: _controller(a, b), timeout=60)
+        assert epoch_of(holder) >= 2
+        assert held(holder, "e0")
+        assert not held(holder, "e1")  # the refused drain was never applied
+        # sanity: a's local validity is TTL − margin, plus at most one renewal interval of slack
+        assert fenced_after < 60, fenced_after
+
+
+def test_partition_between_the_primary_and_etcd_behaves_like_a_kill(
+    tmp_path: Path, etcd_cluster: EtcdCluster, etcd_prefix: str
+) -> None:
+    proxies = [TcpProxy(m.client_port) for m in etcd_cluster.members]
+    try:
+        with proc_group(tmp_path) as group:
+            sims = start_sims(group, 3, itl_ms=5)
+            a_eps = ",".join(p.url for p in proxies)
+            a = etcd_router(group, tmp_path, sims, "a", a_eps, etcd_prefix, wait_ready=True)
+            b = etcd_router(
+                group,
+                tmp_path,
+                sims,
+                "b",
+                etcd_cluster.endpoints,
+                etcd_prefix,
+                "--standby-of",
+                a.url,
+                *STANDBY,
+            )
+            wait_for("standby shadowing", lambda: ready(b)[1].get("reason") == "shadowing")
+            assert drain(a, "e0").status_code == 200
+            for p in proxies:
+                p.cut()
+            wait_for("a fenced", lambda: not controls(a), timeout=TTL_PLUS_MARGIN + 30)
+            assert a.post("/narwhal/lifecycle/readmit", {"engines": ["e0"]}, timeout=60).status_code == 503
+            wait_controls(b, timeout=60)
+            assert epoch_of(b) == 2 and held(b, "e0")
+            for p in proxies:
+                p.restore()
+            # a sees etcd again: the lease is b's, a stays out
+            wait_for(
+                "a refused after the partition",
+                lambda: ready(a)[1].get("reason") == "lease held by another router",
+                timeout=60,
+            )
+            assert controls(b) and not controls(a)
+    finally:
+        for p in proxies:
+            p.close()
