@@ -1,7 +1,7 @@
 """Shared benchmark parts: a closed-loop streaming load generator (latency and TTFT percentiles),
 CPU pinning and per-process CPU accounting, and report formatting (markdown tables, median ± spread).
 
-Everything targets 127.0.0.1 only; every process is started through ``tests.support.procs`` and
+Everything targets 127.0.0.1 only; every process is started through ``fleet.testing.procs`` and
 stopped by its PID.
 """
 

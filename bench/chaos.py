@@ -55,7 +55,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +64,13 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import MODEL, RequestFailed, completion_body, new_session, pct, stream_completion
-from fleet.fleetgen import fleet_document, supervisor_config
-from tests.support.procs import Proc, ProcGroup, free_port, proc_group, script
-from tests.support.temporal import dev_server_path
+from bench._common import RequestFailed, completion_body, new_session, pct, stream_completion
+from fleet.procs import Child, stop_pid
+from fleet.testing.procs import free_port
+from fleet.up.ports import Ports, port_free
+from fleet.up.stack import Stack as UpStack
+from fleet.up.stack import Timings as UpTimings
 
-HOST = "127.0.0.1"
 NAMESPACE = "default"
 TASK_QUEUE = "narwhal-restart"
 FLEET_NAME = "chaos"
@@ -112,160 +113,76 @@ class HoldViolation:
     why: str
 
 
-@dataclass
-class Timings:
-    lease_ttl: float = 2.0
-    lease_renew_interval: float = 0.4
-    lease_safety_margin: float = 0.5
-    standby_probe_interval: float = 0.1
-    standby_takeover_after: int = 3
-    monitor_interval: float = 0.2
-    poll_interval: float = 0.2
+def chaos_timings() -> UpTimings:
+    """Fast failover timings; engines get 180 s to come up on a loaded machine."""
+    return replace(
+        UpTimings.fast(), monitor_interval=0.2, ttft_base_ms=2.0, itl_ms=2.0, health_timeout_s=180.0
+    )
 
 
-@dataclass
+def free_plan(n_engines: int) -> Ports:
+    """A narwhal-up port plan on free loopback ports (engines on consecutive free ports)."""
+    while True:
+        base = free_port()
+        if all(port_free(base + i) for i in range(n_engines)):
+            break
+    names = (
+        "temporal", "temporal_http", "temporal_metrics", "ui", "supervisor", "router", "standby",
+        "etcd_client", "etcd_peer",
+    )  # fmt: skip
+    return Ports(engines=n_engines, engine_base=base, **{name: free_port() for name in names})
+
+
 class Stack:
-    """The drill's processes; synchronous helpers run in threads from the async drill."""
+    """The drill's processes: a ``narwhal-up`` stack (``fleet/up/stack.py``) on free loopback ports,
+    with router ``r0`` = its primary and ``r1`` = its standby; faults kill children by PID."""
 
-    tmp: Path
-    group: ProcGroup
-    n_engines: int
-    sim_opts: dict[str, Any]
-    t: Timings = field(default_factory=Timings)
-    temporal_ports: dict[str, int] = field(default_factory=dict)
-    supervisor_url: str = ""
-    router_ports: list[int] = field(default_factory=list)
-    routers: list[Proc | None] = field(default_factory=list)
-    worker: Proc | None = None
-    temporal: Proc | None = None
-    supervisor: Proc | None = None
-    iids: list[str] = field(default_factory=list)
-    roles: dict[str, str] = field(default_factory=dict)
-    engine_urls: dict[str, str] = field(default_factory=dict)
+    NAMES = ("primary", "standby")
 
-    # -- addresses --------------------------------------------------------------------------
+    def __init__(self, tmp: Path, n_engines: int, sim_options: dict[str, Any]) -> None:
+        self.tmp = tmp
+        self.up = UpStack(tmp, free_plan(n_engines), chaos_timings(), FLEET_NAME, sim_options=sim_options)
+        self.iids = self.up.iids
+        self.roles = self.up.roles
+
+    # -- addresses + children -------------------------------------------------------------------
     @property
     def temporal_address(self) -> str:
-        return f"{HOST}:{self.temporal_ports['grpc']}"
+        return self.up.temporal_address
+
+    @property
+    def supervisor_url(self) -> str:
+        return self.up.supervisor_url
 
     def router_url(self, i: int) -> str:
-        return f"http://{HOST}:{self.router_ports[i]}"
+        return self.up.routers[self.NAMES[i]]
 
     @property
     def router_urls(self) -> list[str]:
-        return [self.router_url(i) for i in range(len(self.router_ports))]
+        return [self.router_url(i) for i in range(2)]
 
-    # -- temporal -----------------------------------------------------------------------------
-    def start_temporal(self) -> None:
-        if not self.temporal_ports:
-            self.temporal_ports = {k: free_port() for k in ("grpc", "http", "metrics", "ui")}
-        p = self.temporal_ports
-        args = [
-            dev_server_path(), "server", "start-dev", "--headless", "--ip", HOST,
-            "--port", str(p["grpc"]), "--http-port", str(p["http"]), "--metrics-port", str(p["metrics"]),
-            "--ui-port", str(p["ui"]), "--db-filename", str(self.tmp / "temporal.db"),
-            "--namespace", NAMESPACE, "--log-level", "error",
-            "--search-attribute", "NarwhalFleet=Keyword", "--search-attribute", "NarwhalState=Keyword",
-            "--dynamic-config-value", "frontend.enableUpdateWorkflowExecution=true",
-            "--dynamic-config-value", "frontend.enableUpdateWorkflowExecutionAsyncAccepted=true",
-        ]  # fmt: skip
-        self.temporal = self.group.start("temporal", args)
+    def child(self, name: str) -> Child:
+        return self.up.procs.children[name]
 
-    async def wait_temporal(self, within_s: float = 60.0) -> None:
-        from workflows.client import connect, ensure_search_attributes
+    def router_child(self, i: int) -> Child:
+        return self.child(f"router-{self.NAMES[i]}")
 
-        deadline = time.monotonic() + within_s
-        last = ""
-        while time.monotonic() < deadline:
-            if self.temporal is not None and not self.temporal.alive():
-                raise RuntimeError(f"temporal exited:\n{self.temporal.output()[-2000:]}")
-            try:
-                client = await connect(self.temporal_address, NAMESPACE)
-                await ensure_search_attributes(client, NAMESPACE)
-                return
-            except Exception as exc:  # not up yet
-                last = f"{type(exc).__name__}: {exc}"
-            await asyncio.sleep(0.2)
-        raise TimeoutError(f"temporal not ready after {within_s}s ({last})")
+    async def kill(self, child: Child) -> None:
+        """SIGKILL by PID (an injected fault, not a crash of the stack)."""
+        await self.up.procs.kill(child.name)
 
-    # -- worker -------------------------------------------------------------------------------
-    def start_worker(self) -> Proc:
-        args = [
-            script("narwhal-worker"), "--address", self.temporal_address, "--namespace", NAMESPACE,
-            "--task-queue", TASK_QUEUE, "--grace", "2", "--log-level", "WARNING",
-        ]  # fmt: skip
-        self.worker = self.group.start("worker", args)
-        return self.worker
+    # -- components -----------------------------------------------------------------------------
+    async def start_temporal(self) -> None:
+        await self.up.start_temporal()
 
-    async def wait_worker(self, within_s: float = 60.0) -> None:
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            assert self.worker is not None
-            if "narwhal-worker ready" in self.worker.output():
-                return
-            if not self.worker.alive():
-                raise RuntimeError(f"worker exited:\n{self.worker.output()[-2000:]}")
-            await asyncio.sleep(0.1)
-        raise TimeoutError("worker not ready")
+    async def start_worker(self) -> None:
+        await self.up.start_worker()
 
-    # -- supervisor + engines -----------------------------------------------------------------
-    def start_supervisor(self) -> None:
-        ports = [free_port() for _ in range(self.n_engines)]
-        self.iids = [f"e{i}" for i in range(self.n_engines)]
-        n_prefill = self.n_engines // 2
-        self.roles = {iid: ("prefill" if i < n_prefill else "decode") for i, iid in enumerate(self.iids)}
-        self.engine_urls = {iid: f"http://{HOST}:{p}" for iid, p in zip(self.iids, ports, strict=True)}
-        cfg = supervisor_config(
-            list(zip(self.iids, ports, strict=True)), model=MODEL, health_timeout_s=180.0, stop_grace_s=5.0,
-            **self.sim_opts,
-        )  # fmt: skip
-        (self.tmp / "supervisor.json").write_text(json.dumps(cfg, indent=2))
-        port = free_port()
-        self.supervisor_url = f"http://{HOST}:{port}"
-        args = [
-            script("narwhal-supervisor"), "--config", str(self.tmp / "supervisor.json"),
-            "--host", HOST, "--port", str(port), "--log-level", "WARNING",
-        ]  # fmt: skip
-        self.supervisor = self.group.start("supervisor", args)
+    async def start_router(self, i: int, standby_of: str = "") -> None:
+        await self.up.start_router(self.NAMES[i], standby_of)
 
     async def supervisor_engines(self) -> dict[str, dict[str, Any]]:
-        async with httpx.AsyncClient(timeout=10.0) as http:
-            r = await http.get(self.supervisor_url + "/engines")
-            r.raise_for_status()
-            doc: dict[str, dict[str, Any]] = r.json()["engines"]
-            return doc
-
-    # -- routers ------------------------------------------------------------------------------
-    def write_fleets(self) -> None:
-        extra = {
-            "controller": {"monitor_interval_s": self.t.monitor_interval},
-            "recovery": {"readmit_every": 2, "liveness_every": 2},
-        }
-        for i in range(2):
-            doc = fleet_document(
-                [(iid, self.engine_urls[iid], self.roles[iid]) for iid in self.iids], MODEL,
-                policy="individual", state_path=self.tmp / f"state-r{i}.json", extra=extra,
-            )  # fmt: skip
-            (self.tmp / f"fleet-r{i}.json").write_text(json.dumps(doc, indent=2))
-        self.router_ports = [free_port(), free_port()]
-        self.routers = [None, None]
-
-    def start_router(self, i: int, standby_of: str = "") -> Proc:
-        t = self.t
-        args = [
-            script("narwhal-serve"), "--fleet", str(self.tmp / f"fleet-r{i}.json"), "--host", HOST,
-            "--port", str(self.router_ports[i]), "--journal", str(self.tmp / f"journal-r{i}.jsonl"),
-            "--log-level", "warning", "--lease-path", str(self.tmp / "router.lease"), "--router-id", f"r{i}",
-            "--lease-ttl", str(t.lease_ttl), "--lease-renew-interval", str(t.lease_renew_interval),
-            "--lease-safety-margin", str(t.lease_safety_margin),
-            "--standby-probe-interval", str(t.standby_probe_interval),
-            "--standby-takeover-after", str(t.standby_takeover_after), "--graceful-timeout", "5",
-        ]  # fmt: skip
-        if standby_of:
-            args += ["--standby-of", standby_of]
-        proc = self.group.start(f"router-r{i}", args)
-        self.routers[i] = proc
-        return proc
+        return await self.up.engines()
 
     async def router_ready(self, http: httpx.AsyncClient, i: int) -> int:
         """/ready status of router i (0 when it does not answer)."""
@@ -278,9 +195,9 @@ class Stack:
         deadline = time.monotonic() + within_s
         async with httpx.AsyncClient() as http:
             while time.monotonic() < deadline:
-                proc = self.routers[i]
-                if proc is not None and not proc.alive():
-                    raise RuntimeError(f"router r{i} exited:\n{proc.output()[-2000:]}")
+                child = self.up.procs.children.get(f"router-{self.NAMES[i]}")
+                if child is not None and not child.alive() and child.killed_at is None:
+                    raise RuntimeError(f"router r{i} exited:\n{child.tail()}")
                 if await self.router_ready(http, i) in ok:
                     return
                 await asyncio.sleep(0.05)
@@ -293,41 +210,24 @@ class Stack:
         return None
 
     def restart_args(self) -> list[str]:
-        args = [
-            script("narwhal-restart"), "start", "--router", self.router_url(0), "--router", self.router_url(1),
-            "--supervisor", "local", "--supervisor-url", self.supervisor_url, "--mode", "rolling",
-            "--fleet", FLEET_NAME, "--address", self.temporal_address,
-            "--namespace", NAMESPACE, "--task-queue", TASK_QUEUE,
-            "--poll-interval", str(self.t.poll_interval), "--requested-by", "chaos-drill",
-        ]  # fmt: skip
+        args = self.up.restart_args("rolling")
+        args[args.index("--requested-by") + 1] = "chaos-drill"
         return args
 
     async def bring_up(self) -> None:
-        self.start_temporal()
-        self.start_supervisor()
-        await self.wait_temporal()
-        self.start_worker()
-        assert self.supervisor is not None
-        await _wait_http(self.supervisor_url + "/health", self.supervisor, within_s=240.0)
-        self.write_fleets()
-        self.start_router(0)
-        await self.wait_router(0, (200,))
-        self.start_router(1, standby_of=self.router_url(0))
-        await self.wait_router(1, (503,))
-        await self.wait_worker()
+        self.up.write_configs()
+        await self.up.start_temporal()
+        await self.up.start_supervisor()
+        await self.up.start_worker()
+        await self.up.start_routers()
 
+    async def close(self) -> None:
+        await self.up.procs.stop_all()
 
-async def _wait_http(url: str, proc: Proc, within_s: float) -> None:
-    deadline = time.monotonic() + within_s
-    async with httpx.AsyncClient() as http:
-        while time.monotonic() < deadline:
-            if not proc.alive():
-                raise RuntimeError(f"process exited before {url} answered:\n{proc.output()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if (await http.get(url, timeout=1.0)).status_code == 200:
-                    return
-            await asyncio.sleep(0.1)
-    raise TimeoutError(f"{url} not answering after {within_s}s")
+    def close_now(self) -> None:
+        """Synchronous last resort (the drill was interrupted): stop every child by PID."""
+        for child in reversed(list(self.up.procs.children.values())):
+            stop_pid(child.popen, child.grace_s)
 
 
 # -- the drill --------------------------------------------------------------------------------------
@@ -518,21 +418,19 @@ class Drill:
         print(f"[{f.recovered_at:6.1f}] recovered {f.kind} {f.target} in {f.recovery_s:.2f}s", flush=True)
 
     async def fault_worker(self) -> None:
-        assert self.s.worker is not None
-        f = self._fault("worker", f"pid {self.s.worker.pid}")
-        await asyncio.to_thread(self.s.worker.kill9)
+        worker = self.s.child("worker")
+        f = self._fault("worker", f"pid {worker.pid}")
+        await self.s.kill(worker)
         await asyncio.sleep(self.rng.uniform(0.5, 2.0))
-        self.s.start_worker()
-        await self.s.wait_worker()
+        await self.s.start_worker()  # returns once the new worker logged ready
         self._recovered(f)
 
     async def fault_temporal(self) -> None:
-        assert self.s.temporal is not None
-        f = self._fault("temporal", f"pid {self.s.temporal.pid}")
-        await asyncio.to_thread(self.s.temporal.kill9)
+        temporal = self.s.child("temporal")
+        f = self._fault("temporal", f"pid {temporal.pid}")
+        await self.s.kill(temporal)
         await asyncio.sleep(self.rng.uniform(0.5, 2.0))
-        self.s.start_temporal()
-        await self.s.wait_temporal()
+        await self.s.start_temporal()  # same ports and --db-filename; returns once a client connects
         self._recovered(f)
 
     async def fault_router(self) -> None:
@@ -541,17 +439,15 @@ class Drill:
         if active is None:
             print(f"[{self.now():6.1f}] router fault skipped: no active router", flush=True)
             return
-        proc = self.s.routers[active]
-        assert proc is not None
+        proc = self.s.router_child(active)
         other = 1 - active
         f = self._fault("router", f"r{active} pid {proc.pid}")
-        await asyncio.to_thread(proc.kill9)
+        await self.s.kill(proc)
         await self.s.wait_router(other, (200,), within_s=60.0)
         self._recovered(f)
         f.detail = f"r{other} took over"
         await asyncio.sleep(self.rng.uniform(0.2, 1.0))
-        self.s.start_router(active, standby_of=self.s.router_url(other))
-        await self.s.wait_router(active, (503,), within_s=60.0)
+        await self.s.start_router(active, standby_of=self.s.router_url(other))  # waits for /ready 503
 
     async def fault_engine(self) -> None:
         engines = await self.s.supervisor_engines()
@@ -653,7 +549,7 @@ class Drill:
             "schema": "narwhal.chaos-report",
             "seed": self.a.seed,
             "duration_s": round(self.now(), 1),
-            "engines": self.s.n_engines,
+            "engines": len(self.s.iids),
             "faults_enabled": list(self.a.faults),
             "client": {
                 "ok": self.ok_requests,
@@ -730,6 +626,13 @@ def summary_text(r: dict[str, Any]) -> str:
 
 
 async def _timed_restart(stack: Stack, n: int, mode: str, timeout_s: float) -> dict[str, Any]:
+    try:
+        return await _timed_restart_on(stack, n, mode, timeout_s)
+    finally:
+        await stack.close()
+
+
+async def _timed_restart_on(stack: Stack, n: int, mode: str, timeout_s: float) -> dict[str, Any]:
     t_up = time.monotonic()
     await stack.bring_up()
     up_s = time.monotonic() - t_up
@@ -763,7 +666,7 @@ def journal_restart_times(tmp: Path) -> dict[str, dict[str, float | None]]:
     both routers' journals."""
     start: dict[str, float] = {}
     done: dict[str, float] = {}
-    for path in sorted(tmp.glob("journal-r*.jsonl")):
+    for path in sorted(tmp.glob("journal-*.jsonl")):
         for line in path.read_text().splitlines():
             if '"engine_lifecycle"' not in line:
                 continue
@@ -781,9 +684,12 @@ def journal_restart_times(tmp: Path) -> dict[str, dict[str, float | None]]:
 def rolling_restart_timing(n: int, mode: str = "rolling", timeout_s: float = 900.0) -> str:
     """Bring up the stack with ``n`` sims, run one restart with ``--wait`` (bounded by ``timeout_s``),
     report total and per-engine time (markdown)."""
-    with tempfile.TemporaryDirectory(prefix="scale-restart.") as tmpdir, proc_group(Path(tmpdir)) as group:
-        stack = Stack(Path(tmpdir), group, n, {"ttft_base_ms": 2.0, "itl_ms": 1.0, "max_concurrency": 256})
-        res = asyncio.run(_timed_restart(stack, n, mode, timeout_s))
+    with tempfile.TemporaryDirectory(prefix="scale-restart.") as tmpdir:
+        stack = Stack(Path(tmpdir), n, {"ttft_base_ms": 2.0, "itl_ms": 1.0, "max_concurrency": 256})
+        try:
+            res = asyncio.run(_timed_restart(stack, n, mode, timeout_s))
+        finally:
+            stack.close_now()
     per = res["per_engine"]
     secs = sorted(v["seconds"] for v in per.values() if v["seconds"] is not None)
     stuck = sorted(iid for iid, v in per.items() if v["seconds"] is None)
@@ -840,15 +746,21 @@ def main(argv: list[str] | None = None) -> int:
         ctx: contextlib.AbstractContextManager[str] = contextlib.nullcontext(a.keep)
     else:
         ctx = tempfile.TemporaryDirectory(prefix="chaos.")
-    with ctx as tmpdir, proc_group(Path(tmpdir)) as group:
-        stack = Stack(Path(tmpdir), group, a.engines, sim_opts)
+    with ctx as tmpdir:
+        stack = Stack(Path(tmpdir), a.engines, sim_opts)
 
         async def go() -> dict[str, Any]:
-            await stack.bring_up()
-            print(f"stack up in {tmpdir}", flush=True)
-            return await Drill(stack, a).run()
+            try:
+                await stack.bring_up()
+                print(f"stack up in {tmpdir}", flush=True)
+                return await Drill(stack, a).run()
+            finally:
+                await stack.close()
 
-        report = asyncio.run(go())
+        try:
+            report = asyncio.run(go())
+        finally:
+            stack.close_now()  # interrupted (SIGTERM): every child by PID; no-op after close()
     print(summary_text(report))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)

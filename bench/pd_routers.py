@@ -49,8 +49,8 @@ from bench._common import (
     run_async,
 )
 from fleet.fleetgen import fleet_document, sim_command
-from tests.support.fleet import vllm_router_command
-from tests.support.procs import BIN, Proc, ProcGroup, free_port, proc_group, script, wait_http
+from fleet.testing.fleet import vllm_router_command
+from fleet.testing.procs import BIN, Proc, ProcGroup, free_port, proc_group, script, wait_http
 
 PROMPTS = {"short": SHORT_PROMPT, "long": LONG_PROMPT}
 

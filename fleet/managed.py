@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -14,6 +13,7 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleet.procs import spawn_async
 from router.engines.identity import process_start_or_none, same_process
 
 log = logging.getLogger("narwhal.supervisor")
@@ -46,11 +46,6 @@ class EngineStartError(RuntimeError):
 
 def parse_process_start(metrics_text: str) -> float | None:
     return process_start_or_none(metrics_text)
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class ManagedEngine:
@@ -109,9 +104,7 @@ class ManagedEngine:
 
     async def _launch(self) -> None:
         env = {**os.environ, **self.entry.env} if self.entry.env else None
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.entry.command, start_new_session=True, preexec_fn=_die_with_parent, env=env
-        )
+        self.proc = await spawn_async(self.entry.command, env)  # dies with the supervisor
         log.info("started %s pid %d: %s", self.entry.iid, self.proc.pid, " ".join(self.entry.command))
 
     async def _wait_ready(self, old_start: float | None) -> float:

@@ -36,9 +36,9 @@ from urllib.parse import urlparse
 
 import httpx
 
+from fleet.procs import ChildExited
 from fleet.up.load import LoadGenerator, LoadStats
 from fleet.up.ports import OFFSETS, plan_ports, port_problems
-from fleet.up.procs import ChildExited
 from fleet.up.stack import MODEL, Stack, StartupError, Timings, roles, rolling_problem
 from fleet.up.summary import EngineChange, Failover, Summary, Takeover
 from fleet.up.watch import RPC_TIMEOUT, HAWatcher, failover_trigger, progress_lines

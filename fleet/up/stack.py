@@ -27,9 +27,9 @@ from typing import Any
 import httpx
 
 from fleet.fleetgen import fleet_document, supervisor_config
+from fleet.procs import Child, ChildExited, ProcessManager
 from fleet.up.load import LoadGenerator
 from fleet.up.ports import Ports
-from fleet.up.procs import Child, ChildExited, ProcessManager
 from fleet.up.summary import Summary
 from fleet.up.watch import HAWatcher
 
@@ -57,6 +57,7 @@ class Timings:
     monitor_interval: float = 0.5  # router controller.monitor_interval_s
     ttft_base_ms: float = 20.0
     itl_ms: float = 10.0
+    health_timeout_s: float = 30.0  # supervisor: an engine must answer /health within this
     max_tokens: int = 16
     think_s: float = 0.05
     worker_grace: float = 5.0
@@ -119,12 +120,14 @@ class Stack:
         timings: Timings,
         fleet_name: str,
         n_prefill: int | None = None,
+        sim_options: dict[str, Any] | None = None,
         etcd: bool = False,
         replicas: int = 0,
     ) -> None:
         self.etcd = etcd  # the router pair leases through a local etcd member instead of a file
         self.replicas = replicas  # --replicas N: N active-active replicas instead of the pair
         self.state_dir = state_dir
+        self.sim_options = dict(sim_options or {})  # extra narwhal-engine-sim options (bench/chaos.py)
         self.ports = ports
         self.t = timings
         self.fleet_name = fleet_name
@@ -179,9 +182,12 @@ class Stack:
     # -- files ----------------------------------------------------------------------------------
     def write_configs(self) -> None:
         urls = self.engine_urls()
-        sim_opts: dict[str, Any] = {"ttft_base_ms": self.t.ttft_base_ms, "itl_ms": self.t.itl_ms}
+        sim_opts: dict[str, Any] = {
+            "ttft_base_ms": self.t.ttft_base_ms, "itl_ms": self.t.itl_ms, **self.sim_options,
+        }  # fmt: skip
         sup = supervisor_config(
-            list(zip(self.iids, self.ports.engine_ports(), strict=True)), model=MODEL, health_timeout_s=30.0,
+            list(zip(self.iids, self.ports.engine_ports(), strict=True)), model=MODEL,
+            health_timeout_s=self.t.health_timeout_s,
             stop_grace_s=5.0, host=HOST, **sim_opts,
         )  # fmt: skip
         _write_json(self.state_dir / "supervisor.json", sup)
@@ -239,7 +245,7 @@ class Stack:
         ]  # fmt: skip
         child = self.procs.start("supervisor", args, grace_s=15.0)
         # the supervisor listens only once every engine answered /health
-        await self._wait_http(child, self.supervisor_url + "/health", within_s=90.0)
+        await self._wait_http(child, self.supervisor_url + "/health", within_s=60.0 + self.t.health_timeout_s)
         await self.record_engine_pids()
         return child
 
@@ -307,6 +313,18 @@ class Stack:
             return 0.0
         return max(0.0, expires - time.time())
 
+    async def start_router(self, name: str, standby_of: str = "") -> Child:
+        """Start router ``name`` (``primary`` / ``standby``), as a warm standby of ``standby_of`` if
+        given, and wait until it answers ``/ready`` (a standby answers 503 "shadowing")."""
+        port = self.ports.router if name == "primary" else self.ports.standby
+        args = self._router_args(name, port)
+        if standby_of:
+            args += ["--standby-of", standby_of]
+        child = self.procs.start(f"router-{name}", args)
+        ok = (200, 503) if standby_of else (200,)
+        await self._wait_http(child, self.routers[name] + "/ready", within_s=60.0, ok=ok)
+        return child
+
     async def start_replicas(self) -> list[Child]:
         """``--replicas N``: every replica serves (``--ha-mode active-active``); the first to claim
         the etcd lease controls the fleet."""
@@ -320,20 +338,13 @@ class Stack:
         return children
 
     async def start_routers(self) -> tuple[Child, Child]:
-        primary = self.procs.start("router-primary", self._router_args("primary", self.ports.router))
-        await self._wait_http(primary, self.primary_url + "/ready", within_s=60.0)
-        args = [*self._router_args("standby", self.ports.standby), "--standby-of", self.primary_url]
-        standby = self.procs.start("router-standby", args)
-        # a standby answers /ready 503 "shadowing": wait until it says so
-        await self._wait_http(standby, self.standby_url + "/ready", within_s=60.0, ok=(200, 503))
+        primary = await self.start_router("primary")
+        standby = await self.start_router("standby", standby_of=self.primary_url)
         return primary, standby
 
     async def start_rejoined_primary(self) -> Child:
         """After ``--failover``: the killed primary comes back as a warm standby of the new holder."""
-        args = [*self._router_args("primary", self.ports.router), "--standby-of", self.standby_url]
-        child = self.procs.start("router-primary", args)
-        await self._wait_http(child, self.primary_url + "/ready", within_s=30.0, ok=(200, 503))
-        return child
+        return await self.start_router("primary", standby_of=self.standby_url)
 
     async def start_worker(self) -> Child:
         args = [

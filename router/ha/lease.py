@@ -296,10 +296,32 @@ class FileLeaseBackend:
                 fh.flush()
             os.replace(tmp, self.path)  # replaces a planted symlink itself, never its target
         except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT) and self._write_in_place(data):
+                return  # a full disk must not cost the lease: serving goes on
             raise LeaseError(f"cannot write lease {self.path}: {exc.strerror or exc}") from None
         finally:
             with contextlib.suppress(OSError):
                 tmp.unlink()
+
+    def _write_in_place(self, data: bytes) -> bool:
+        """On a full disk: overwrite the existing record in its own blocks (no new space needed).
+
+        Not atomic, but under the lock; a reader that sees a torn record treats it as damaged (the
+        holder rewrites it, others wait it out), so the worst case is a missed standby probe."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | _NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            if os.fstat(fd).st_size < len(data) and os.fstat(fd).st_blocks * 512 < len(data):
+                return False  # would need a new block: nothing gained
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
 
 # -- one process's lease ----------------------------------------------------------------------------

@@ -110,9 +110,14 @@ class LifecycleService:
                     text if text.startswith(NOT_PERSISTED) else f"{NOT_PERSISTED}: {text}"
                 ) from None
 
+    def _unpersisted(self) -> bool:
+        """The last write did not reach where a successor reads (a local-copy-only failure with the
+        shared copy written is reported, but does not stop changes)."""
+        return self.core.persist_degraded.startswith(NOT_PERSISTED)
+
     async def _refuse_unpersisted(self) -> Result | None:
         """While the last state write failed, refuse changes until a write succeeds again."""
-        if not self.core.persist_degraded:
+        if not self._unpersisted():
             return None
         try:
             await self._persist()
@@ -199,7 +204,7 @@ class LifecycleService:
     # -- automatic recovery (spec §6.7, §7.3) ------------------------------------------------
     async def recover(self, engines: list[str], wave: bool = False) -> bool:
         """Validate ejected engines on their running processes; True when readmitted."""
-        if not self.core.controls_fleet() or self.lock.locked() or self.core.persist_degraded:
+        if not self.core.controls_fleet() or self.lock.locked() or self._unpersisted():
             return False  # no automatic change while state cannot be persisted
         async with self.lock:
             before = self.machine.snapshot()

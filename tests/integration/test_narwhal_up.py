@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from fleet.procs import spawn
 from fleet.up.ports import port_free
 from tests.support.procs import REPO, free_port, script
 
@@ -66,14 +67,9 @@ class Up:
     def __init__(self, args: list[str], log: Path) -> None:
         self.log = log
         self._out = log.open("wb")
-        self.proc = subprocess.Popen(
-            [script("narwhal-up"), *args],
-            cwd=REPO,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-        )
+        # own process group, dies with the test process (fleet.procs); narwhal-up's own children
+        # die with narwhal-up in turn
+        self.proc = spawn([script("narwhal-up"), *args], self._out, cwd=REPO)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,7 +22,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from router import telemetry
-from tests.support.temporal import dev_server_path
+from tests.support.temporal import dev_server_path, dying_with_us
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +54,7 @@ def _parent_chain(span: ReadableSpan, by_id: dict[int, ReadableSpan]) -> list[st
     return names
 
 
-async def test_trace_spans_cli_workflow_activity_httpx_and_server() -> None:
+async def test_trace_spans_cli_workflow_activity_httpx_and_server(tmp_path: Path) -> None:
     global _PROVIDER
     provider, exporter = telemetry.in_memory_tracer_provider("narwhal-e2e")
     _PROVIDER = provider
@@ -67,7 +68,8 @@ async def test_trace_spans_cli_workflow_activity_httpx_and_server() -> None:
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
-        async with await WorkflowEnvironment.start_local(dev_server_existing_path=dev_server_path()) as env:
+        dev_server = dying_with_us(dev_server_path(), tmp_path / "temporal")
+        async with await WorkflowEnvironment.start_local(dev_server_existing_path=dev_server) as env:
             client = Client(
                 env.client.service_client,
                 namespace=env.client.namespace,

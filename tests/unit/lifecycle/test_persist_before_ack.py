@@ -79,3 +79,12 @@ async def test_unpersisted_readmission_leaves_the_engine_held() -> None:
     status, doc = await service.readmit(["e1"], wave=False)
     assert status == 200, doc.error
     assert service.machine.state("e1") == "active" and store.writes[-1] == []
+
+
+async def test_a_local_copy_failure_behind_a_written_shared_copy_does_not_stop_changes() -> None:
+    service, store, _ = _service()
+    # with a lease, a failed local state file is reported but the shared copy made the state durable
+    service.core.persist_degraded = "state file /x/state.json not written: [Errno 28] No space left on device"
+    status, doc = await service.drain(["e1"], wave=False, deadline_s=30)
+    assert status == 200, doc.error
+    assert store.writes == [["e1"]]  # straight to the change: no refusal round first

@@ -1,0 +1,158 @@
+"""Drills for "an acknowledged drain is never lost" on a full or read-only state directory.
+
+Each drill runs real routers over real simulated engines, puts the state directory (a small tmpfs,
+``fleet.testing.smallfs``) into a fault, drains engines, then kills the controlling router with
+SIGKILL and checks on its successor (``--resume`` or the warm standby) that every drain that was
+answered 200 is still held. Used by ``tests/integration/test_durable_state.py`` (assertions) and
+``bench/durable_drill.py`` (repetitions, counts).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fleet.testing.fleet import SimEngine, write_fleet
+from fleet.testing.procs import ProcGroup
+from fleet.testing.router import RouterHandle, start_router
+from fleet.testing.smallfs import SmallFs
+
+FAST = {"controller": {"monitor_interval_s": 0.2}, "recovery": {"liveness_every": 2, "readmit_every": 2}}
+LEASE = ["--lease-ttl", "0.8", "--lease-renew-interval", "0.2", "--lease-safety-margin", "0.1"]
+STANDBY = [
+    "--standby-probe-interval",
+    "0.05",
+    "--standby-takeover-after",
+    "2",
+    "--standby-max-handoff-age",
+    "5",
+]
+FAULTS = ("full", "read_only")
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+@dataclass
+class DrillResult:
+    topology: str
+    fault: str
+    acked: list[str] = field(default_factory=list)  # drains answered 200
+    refused: list[str] = field(default_factory=list)  # drains answered 503 (not acknowledged)
+    lost: list[str] = field(default_factory=list)  # acknowledged, but active on the successor
+    during_fault: dict[str, Any] = field(default_factory=dict)  # what clients and operators saw
+    successor_epoch: int = 0
+
+
+def fault_on(fs: SmallFs, fault: str) -> None:
+    if fault == "full":
+        fs.fill()
+    else:
+        fs.read_only()
+
+
+def fault_off(fs: SmallFs, fault: str) -> None:
+    if fault == "full":
+        fs.free()
+    else:
+        fs.read_write()
+
+
+def drain(router: RouterHandle, iid: str, result: DrillResult) -> httpx.Response:
+    r = router.post("/narwhal/lifecycle/drain", {"engines": [iid], "deadline_s": 120}, control=True)
+    (result.acked if r.status_code == 200 else result.refused).append(iid)
+    return r
+
+
+def held(router: RouterHandle, iid: str) -> bool:
+    engine = router.get("/narwhal/lifecycle", control=True).json()["engines"][iid]
+    return engine["state"] != "active" and engine["accepts_new"] is False
+
+
+def _complete(router: RouterHandle) -> int:
+    body = {"model": "sim-model", "prompt": "during the fault", "max_tokens": 4}
+    return router.post("/v1/completions", body, timeout=30).status_code
+
+
+def _observe(router: RouterHandle, result: DrillResult, last: httpx.Response) -> None:
+    ready = router.get("/ready", control=True)
+    result.during_fault = {
+        "drain_status": last.status_code,
+        "drain_error": last.json().get("error", ""),
+        "ready_status": ready.status_code,
+        "control_degraded": ready.json().get("control_degraded", ""),
+        "completion_status": _complete(router),
+        "persist_failures": router.metrics().get("narwhal_persist_failures_total", 0.0),
+    }
+
+
+def single_router(
+    group: ProcGroup, work: Path, sims: Sequence[SimEngine], fs: SmallFs, fault: str
+) -> DrillResult:
+    """No lease: the state file on ``fs`` is the only durable copy. The drain of e0 during the
+    fault must be refused; repeated after the fault clears it is acknowledged; kill -9; the
+    ``--resume``d router must hold it."""
+    result = DrillResult("single", fault)
+    fleet = write_fleet(
+        work, sims, name="single.fleet.json", state_path=str(fs.path / "state.json"), extra=FAST
+    )
+    router = start_router(group, fleet, work, name="single", wait_ready=True)
+    fault_on(fs, fault)
+    try:
+        _observe(router, result, drain(router, "e0", result))
+    finally:
+        fault_off(fs, fault)
+    wait_for("state persisted again", lambda: router.get("/ready").json()["control_degraded"] == "")
+    drain(router, "e0", result)
+    router.proc.kill9()
+    again = start_router(group, fleet, work, ["--resume"], name="single-resumed")
+    wait_for(
+        "resumed", lambda: "handoff applied" in again.proc.output() or "not applied" in again.proc.output()
+    )
+    result.lost = [iid for iid in result.acked if not held(again, iid)]
+    result.successor_epoch = again.get("/ready").json()["epoch"]
+    again.proc.stop()
+    return result
+
+
+def ha_pair(group: ProcGroup, work: Path, sims: Sequence[SimEngine], fs: SmallFs, fault: str) -> DrillResult:
+    """Lease (and the shared handoff beside it) on a healthy disk, both routers' own state files on
+    ``fs``. The drain during the fault is acknowledged from the shared copy; the primary is killed
+    and the standby must hold it."""
+    result = DrillResult("ha", fault)
+    lease = ["--lease-path", str(work / "router.lease"), *LEASE]
+
+    def fleet_for(name: str) -> Path:
+        return write_fleet(
+            work, sims, name=f"{name}.fleet.json", state_path=str(fs.path / f"{name}.state.json"), extra=FAST
+        )
+
+    a = start_router(group, fleet_for("a"), work, [*lease, "--router-id", "a"], name="a", wait_ready=True)
+    b = start_router(
+        group, fleet_for("b"), work, [*lease, "--router-id", "b", "--standby-of", a.url, *STANDBY], name="b"
+    )
+    wait_for("standby mirror", lambda: (fs.path / "b.state.json").exists())
+    fault_on(fs, fault)
+    try:
+        _observe(a, result, drain(a, "e0", result))
+        a.proc.kill9()
+        wait_for("standby takes over", lambda: b.get("/ready").json()["epoch"] >= 2, timeout=30)
+        result.lost = [iid for iid in result.acked if not held(b, iid)]
+        result.successor_epoch = b.get("/ready").json()["epoch"]
+    finally:
+        fault_off(fs, fault)
+    b.proc.stop()
+    return result
