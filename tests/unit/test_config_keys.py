@@ -164,3 +164,15 @@ def test_floors_above_the_fleet_are_refused() -> None:
     doc["controller"] = {"min_decode": 2}
     with pytest.raises(ConfigError, match=r"controller.min_decode = 2 exceeds the 1 configured engine"):
         parse_fleet(doc)
+
+
+def test_narwhal_serve_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from router.cli import main
+
+    doc = _base()
+    doc["serving"] = {"request_timeout_s": math.inf}
+    path = tmp_path / "fleet.json"
+    path.write_text(json.dumps(doc))
+    assert main(["--fleet", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "serving.request_timeout_s" in err and str(path) in err
