@@ -215,9 +215,11 @@ class StandbyLoop:
         if not applied:
             return await self._refuse(why)
         if not self.lease.valid():
-            return await self._refuse("lease expired while applying handoff")
+            return await self._retry_later("lease expired while applying handoff")
         failure = await self.activate(self.lease)
         if failure:
+            if not self.lease.valid():  # a slow takeover, not a bad handoff: try again, never give up
+                return await self._retry_later(failure)
             return await self._refuse(failure)
         self.takeover_gap_s = clock.monotonic() - (self.last_good_mono or clock.monotonic())
         log.warning(
@@ -248,6 +250,17 @@ class StandbyLoop:
         if chosen is not self.doc and chosen is not None:
             log.info("standby: taking over with the holder's shared handoff (at %.3f)", chosen.at)
         return chosen
+
+    async def _retry_later(self, why: str) -> bool:
+        """The lease ran out during the takeover itself (a loaded host): stay standby and keep
+        shadowing, so the next missed probe claims again (a higher epoch) instead of leaving the
+        fleet without a controller for good."""
+        self.core.control.standby = True
+        self.core.control.failover_blocked = why
+        log.warning("standby: takeover interrupted, retrying: %s", why)
+        with contextlib.suppress(LeaseError):
+            await self.lease.release()
+        return False
 
     async def _refuse(self, why: str) -> bool:
         self.core.control.standby = True

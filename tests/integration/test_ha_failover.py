@@ -1,6 +1,6 @@
 """HA against real processes and signals: lease fencing, warm-standby takeover, --resume.
 
-Short lease timings (ttl 0.8 s, renew 0.2, margin 0.1; probe 0.05 s, takeover after 2 misses).
+Short lease timings (ttl 2 s, renew 0.3, margin 0.4 — short, yet not lost to a loaded 2-core host; probe 0.05 s, takeover after 2 misses).
 Every process is stopped by PID through ``proc_group``.
 """
 
@@ -27,7 +27,7 @@ from tests.support.router import RouterHandle, start_router
 pytestmark = pytest.mark.integration
 
 FAST = {"controller": {"monitor_interval_s": 0.2}, "recovery": {"liveness_every": 2, "readmit_every": 2}}
-LEASE = ["--lease-ttl", "0.8", "--lease-renew-interval", "0.2", "--lease-safety-margin", "0.1"]
+LEASE = ["--lease-ttl", "2.0", "--lease-renew-interval", "0.3", "--lease-safety-margin", "0.4"]
 STANDBY = [
     "--standby-probe-interval",
     "0.05",

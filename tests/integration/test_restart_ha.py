@@ -25,7 +25,7 @@ from tests.support.router import RouterHandle, start_router
 
 pytestmark = pytest.mark.integration
 
-LEASE = ["--lease-ttl", "0.8", "--lease-renew-interval", "0.2", "--lease-safety-margin", "0.1"]
+LEASE = ["--lease-ttl", "2.0", "--lease-renew-interval", "0.3", "--lease-safety-margin", "0.4"]
 STANDBY = [
     "--standby-probe-interval",
     "0.05",

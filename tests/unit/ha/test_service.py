@@ -368,6 +368,37 @@ async def test_takeover_claims_next_epoch_and_applies_the_snapshot(tmp_path: Pat
     assert _load(ha.settings.state_path)["epoch"] == 2
 
 
+async def test_takeover_outlived_by_its_lease_is_retried_not_refused(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A loaded host: identity validation takes longer than the fresh lease's validity. The standby
+    must not give up for good (no controller until a restart); it keeps shadowing and the next
+    attempt takes over at a higher epoch."""
+    primary = _lease(tmp_path, clock, "router-a")
+    assert primary.claim()
+    raw = fixture("handoff_after_resume.json") | {"epoch": 1, "holder": primary.holder, "at": clock.wall()}
+    loop, ha = await _standby(tmp_path, clock, raw)
+    clock.advance(1.5)  # primary died; its lease expired
+    real_activate = loop.activate
+    slow = {"left": 1}
+
+    async def activate(lease: Any) -> str:
+        if slow["left"]:
+            slow["left"] -= 1
+            clock.advance(5.0)  # validation outlives the lease
+        return await real_activate(lease)
+
+    loop.activate = activate
+    assert not await loop.try_takeover()  # interrupted: keep shadowing, not refused for good
+    c = loop.core
+    assert c.control.standby and not c.controls_fleet()
+    assert c.control.failover_blocked == "lease expired during identity validation"
+    assert await loop.try_takeover()
+    assert c.controls_fleet() and c.control.epoch == 3 and c.control.failover_blocked == ""
+    assert "e2" in c.scheduler.draining  # the handoff's hold survived both attempts
+    await ha.stop()
+
+
 async def test_takeover_refuses_an_old_snapshot_when_the_shared_copy_is_damaged(
     tmp_path: Path, clock: FakeClock
 ) -> None:
