@@ -24,6 +24,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._common import Spread, markdown_table  # noqa: E402
+from fleet.testing.etcd import EtcdCluster  # noqa: E402
+from fleet.testing.fleet import restart_sim, start_sims  # noqa: E402
+from fleet.testing.procs import proc_group  # noqa: E402
 from tests.integration.etcd_support import (  # noqa: E402
     STANDBY,
     controls,
@@ -34,9 +37,6 @@ from tests.integration.etcd_support import (  # noqa: E402
     held,
     ready,
 )
-from tests.support.etcd import EtcdCluster  # noqa: E402
-from tests.support.fleet import restart_sim, start_sims  # noqa: E402
-from tests.support.procs import proc_group  # noqa: E402
 
 
 def wait(check: object, timeout: float) -> bool:

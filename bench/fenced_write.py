@@ -26,12 +26,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._common import markdown_table  # noqa: E402
+from fleet.testing.etcd import EtcdCluster  # noqa: E402
 from router.ha.etcd_client import EtcdClient  # noqa: E402
 from router.ha.etcd_lease import EtcdLease, EtcdLeaseSettings  # noqa: E402
 from router.ha.handoff import Handoff, validate  # noqa: E402
 from router.ha.lease_backend import EtcdHandoffStore  # noqa: E402
 from router.ha.persist import FileHandoffStore, HandoffStore  # noqa: E402
-from tests.support.etcd import EtcdCluster  # noqa: E402
 
 FIXTURE = REPO / "tests" / "fixtures"
 

@@ -1,4 +1,5 @@
 """Test-and-bench support shared by ``tests/`` and ``bench/``: real processes on free loopback
 ports (``procs``), router and fleet helpers (``router``, ``fleet``), the packaged Temporal binaries
-(``temporal``), and Prometheus samples (``metrics``). ``tests/support/*`` re-exports these modules.
+(``temporal``), Prometheus samples (``metrics``), a real etcd cluster (``etcd``), attestation
+sidecars (``attest``), a cuttable TCP proxy (``tcp_proxy``), small filesystems (``smallfs``). ``tests/support/*`` re-exports these modules.
 """
