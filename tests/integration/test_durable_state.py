@@ -8,6 +8,7 @@ control plane is degraded. The tmpfs is unmounted by its fixture even when a tes
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,6 +85,10 @@ def test_router_that_lost_its_lease_to_a_local_error_claims_again_when_it_clears
             )
             assert "Read-only file system" in router.get("/ready").json()["reason"]
             assert "lease renewal error (retrying within validity)" in router.proc.output()
+            # the record on disk (readable, not renewable) must have expired before the fault
+            # clears, or the router's re-claim of its own unexpired record keeps epoch 1
+            expires = float(json.loads((fs.path / "router.lease").read_text())["expires_at"])
+            durability.wait_for("the lease record expired", lambda: time.time() > expires + 0.2)
         finally:
             fs.read_write()
         durability.wait_for("claimed again", lambda: router.get("/ready").status_code == 200)
