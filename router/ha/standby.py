@@ -255,17 +255,17 @@ class StandbyLoop:
         """The lease ran out during the takeover itself (a loaded host): stay standby and keep
         shadowing, so the next missed probe claims again (a higher epoch) instead of leaving the
         fleet without a controller for good."""
-        self.core.control.standby = True
-        self.core.control.failover_blocked = why
         log.warning("standby: takeover interrupted, retrying: %s", why)
-        with contextlib.suppress(LeaseError):
-            await self.lease.release()
-        return False
+        return await self._stand_down(why, for_good=False)
 
     async def _refuse(self, why: str) -> bool:
+        log.error("standby: takeover refused: %s", why)
+        return await self._stand_down(why, for_good=True)
+
+    async def _stand_down(self, why: str, *, for_good: bool) -> bool:
+        """Back to standby with the reason, lease released; True ends the shadowing loop."""
         self.core.control.standby = True
         self.core.control.failover_blocked = why
-        log.error("standby: takeover refused: %s", why)
         with contextlib.suppress(LeaseError):
             await self.lease.release()
-        return True
+        return for_good
