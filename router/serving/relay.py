@@ -119,6 +119,39 @@ def relay_chunk(payload: bytes, st: StreamState, want_ids: bool) -> tuple[bytes,
     return (payload if want_ids else payload[:i] + payload[end + 1 :]), n
 
 
+def relay_event(event: bytes, st: StreamState, want_ids: bool) -> bytes | None:
+    """``relay_chunk`` fused with the SSE framing, for one whole body chunk that is exactly one
+    single-line event ``data: {...}\n\n`` of the usual shape: returns the frame to relay (the
+    event itself, or with the choice's ``token_ids`` cut out) and counts its tokens. None — and
+    nothing counted — for anything else; the caller then takes the framer + ``relay_chunk`` path,
+    which gives the same frames."""
+    if not event.startswith(b"data: {") or not event.endswith(b"}\n\n"):
+        return None
+    i = event.find(_TIDS)
+    if i == -1 or event.find(b"\n", 0, -2) != -1 or b"\r" in event or b'"error"' in event:
+        return None
+    start = i + 14
+    end = event.find(b"]", start)
+    if (
+        end == -1
+        or event.find(_ANY_TIDS, end) != -1
+        or event.count(b'"index":') != 1
+        or b"prompt_token" in event
+    ):
+        return None
+    ids = event[start:end]
+    if ids.isdigit():
+        n = 1
+    elif not ids:
+        n = 0
+    elif ids.replace(b",", b"").isdigit():
+        n = ids.count(b",") + 1
+    else:
+        return None
+    st.tokens += n
+    return event if want_ids else event[:i] + event[end + 1 :]
+
+
 def assemble_response(
     st: StreamState, endpoint: Endpoint, model: str, rid: str, want_ids: bool
 ) -> dict[str, Any]:
