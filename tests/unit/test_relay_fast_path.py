@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from router.engines.legs import DecodeStream, LegFailure
 from router.engines.sse import SSEFramer
 from router.engines.wire import EngineConnection, EnginePool, whole_chunks
-from router.serving.relay import StreamError, StreamState, relay_chunk, relay_event
+from router.serving.relay import StreamError, StreamState, process_chunk, relay_chunk, relay_event
 from router.serving.stream import ClientRelay
 
 _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -264,3 +264,40 @@ def test_whole_chunks() -> None:
         b"\r\n3\r\nabc\r\n",
     ):
         assert whole_chunks(partial_or_other) is None, partial_or_other
+
+
+_ids = st.lists(st.integers(0, 2**31), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tids=st.one_of(st.none(), _ids),
+    ptids=_ids,
+    where=st.sampled_from(["choice", "top", "both", "first"]),
+    want=st.booleans(),
+)
+def test_prompt_ids_cut_on_bytes_match_the_json_relay(
+    tids: list[int] | None, ptids: list[int], where: str, want: bool
+) -> None:
+    """The first chunk of a stream carries the prompt's ids (``return_token_ids``): counted and cut
+    out on bytes, the result is the full parse's, wherever the engine put them."""
+    choice: dict[str, Any] = {"index": 0, "text": " a", "finish_reason": None}
+    if tids is not None:
+        choice["token_ids"] = tids
+    doc: dict[str, Any] = {"id": "cmpl-1", "choices": [choice]}
+    if where in ("choice", "both"):
+        choice["prompt_token_ids"] = ptids
+    if where in ("top", "both"):
+        doc["prompt_token_ids"] = ptids
+    if where == "first":
+        doc = {"prompt_token_ids": ptids, **doc}
+    payload = orjson.dumps(doc)
+    a, b = StreamState(), StreamState()
+    want_out, want_n = process_chunk(payload, a, want, False)
+    out, n = relay_chunk(payload, b, want)
+    assert (orjson.loads(out), n, b.tokens, b.prompt_tokens) == (
+        orjson.loads(want_out),
+        want_n,
+        a.tokens,
+        a.prompt_tokens,
+    )
