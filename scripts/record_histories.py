@@ -37,8 +37,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 
+from fleet.testing.restart_fakes import FakeFleet  # noqa: E402
 from fleet.testing.temporal import time_skipping_server_path  # noqa: E402
-from tests.unit.restart.fakes import FakeFleet  # noqa: E402
 from workflows.models import (  # noqa: E402
     OperatorAnswer,
     OperatorRequest,

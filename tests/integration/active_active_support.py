@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from tests.integration.lifecycle_support import FAST, wait_for
 from tests.support.fleet import SimEngine, sim_stats, write_fleet
+from tests.support.lifecycle import FAST, wait_for
 from tests.support.procs import ProcGroup
 from tests.support.router import RouterHandle, start_router
 

@@ -13,7 +13,7 @@ from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.unit.restart.fakes import FakeFleet
+from fleet.testing.restart_fakes import FakeFleet
 from workflows.models import (
     OperatorAnswer,
     OperatorRequest,

@@ -1,11 +1,11 @@
-"""Helpers for the lifecycle integration tests: a supervised sim fleet + router, polling, client load."""
+"""A supervised sim fleet behind one router (``Stack``, ``start_stack``) and steady client load
+(``client_load``), for the lifecycle tests and the restart benches."""
 
 from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,13 +14,15 @@ from typing import Any
 import httpx
 import jsonschema
 
+from fleet.testing.fleet import FAST, SimEngine, start_supervisor, write_fleet
+from fleet.testing.procs import ProcGroup
+from fleet.testing.router import RouterHandle, start_router
+from fleet.testing.waits import wait_for
 from router.lifecycle.document import SCHEMA_PATH
-from tests.support.fleet import SimEngine, start_supervisor, write_fleet
-from tests.support.procs import ProcGroup
-from tests.support.router import RouterHandle, start_router
+
+__all__ = ["FAST", "SCHEMA", "Load", "Stack", "client_load", "start_stack", "wait_for"]
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
-FAST = {"controller": {"monitor_interval_s": 0.2}, "recovery": {"liveness_every": 2, "readmit_every": 2}}
 
 
 @dataclass
@@ -64,17 +66,6 @@ def start_stack(
     fleet = write_fleet(tmp_path, sims, policy=policy, extra=merged)
     router = start_router(group, fleet, tmp_path, wait_ready=True)
     return Stack(router, sup, sims)
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 @dataclass
