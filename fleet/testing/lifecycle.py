@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +20,7 @@ from fleet.testing.router import RouterHandle, start_router
 from fleet.testing.waits import wait_for
 from router.lifecycle.document import SCHEMA_PATH
 
-__all__ = ["FAST", "SCHEMA", "Load", "Stack", "client_load", "start_stack", "wait_for"]
+__all__ = ["FAST", "SCHEMA", "Load", "Stack", "client_load", "running_threads", "start_stack", "wait_for"]
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
 
@@ -68,6 +68,23 @@ def start_stack(
     return Stack(router, sup, sims)
 
 
+@contextmanager
+def running_threads(
+    worker: Callable[[int], None], workers: int, stop: threading.Event, join_timeout: float = 30.0
+) -> Iterator[None]:
+    """``workers`` daemon threads running ``worker(i)`` while the block runs; at its end ``stop``
+    is set and each thread is joined (bounded by ``join_timeout``)."""
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=join_timeout)
+
+
 @dataclass
 class Load:
     ok: int = 0
@@ -102,12 +119,5 @@ def client_load(router_url: str, workers: int = 4, max_tokens: int = 24) -> Iter
                     else:
                         load.failed.append(detail)
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
-    for t in threads:
-        t.start()
-    try:
+    with running_threads(worker, workers, load.stop):
         yield load
-    finally:
-        load.stop.set()
-        for t in threads:
-            t.join(timeout=30)

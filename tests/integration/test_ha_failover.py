@@ -21,6 +21,7 @@ import pytest
 
 from tests.support.fleet import FAST, start_sims
 from tests.support.ha import NOT_CONTROLLING, ha_router, standby_router, start_pair, state_file
+from tests.support.lifecycle import running_threads
 from tests.support.procs import proc_group
 from tests.support.router import RouterHandle
 from tests.support.waits import wait_for
@@ -77,15 +78,8 @@ def failover_load(urls: list[str], workers: int = 4) -> Iterator[FailoverLoad]:
                 if not served_by:
                     time.sleep(0.05)
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
-    for t in threads:
-        t.start()
-    try:
+    with running_threads(worker, workers, load.stop):
         yield load
-    finally:
-        load.stop.set()
-        for t in threads:
-            t.join(timeout=30)
 
 
 def _drain(router: RouterHandle, iid: str) -> None:
