@@ -9,7 +9,11 @@ router-<name>``; the lease is ``router.lease`` in the test directory unless a pa
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import signal
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -87,6 +91,28 @@ def start_pair(
     state = (kw.get("state_dir") or tmp) / "b.state.json"
     wait_for("standby mirror", state.exists, timeout=30)
     return a, b
+
+
+def sigstop_outside_lease_lock(router: RouterHandle, lease_path: Path, timeout: float = 30.0) -> None:
+    """SIGSTOP ``router`` while this process holds the lease file's lock, so the router is frozen
+    between two renewals, never inside its locked read-modify-write of the record. (A holder frozen
+    inside it keeps the ``flock`` and every claim fails with "lease lock busy" until it is thawed:
+    another scenario than a frozen holder, which a loaded host would otherwise pick at random.)"""
+    lock_path = Path(str(lease_path) + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        give_up = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= give_up:
+                    raise AssertionError(f"lease lock {lock_path} busy for {timeout}s") from None
+                time.sleep(0.005)
+        router.proc.signal(signal.SIGSTOP)
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def state_file(tmp: Path, name: str, state_dir: Path | None = None) -> dict[str, Any]:

@@ -20,7 +20,14 @@ import httpx
 import pytest
 
 from tests.support.fleet import FAST, start_sims
-from tests.support.ha import NOT_CONTROLLING, ha_router, standby_router, start_pair, state_file
+from tests.support.ha import (
+    NOT_CONTROLLING,
+    ha_router,
+    sigstop_outside_lease_lock,
+    standby_router,
+    start_pair,
+    state_file,
+)
 from tests.support.lifecycle import running_threads
 from tests.support.procs import proc_group
 from tests.support.router import RouterHandle
@@ -176,7 +183,7 @@ def test_sigstop_past_the_lease_fences_the_old_primary(tmp_path: Path) -> None:
         sims = start_sims(group, 3, itl_ms=5)
         a, b = start_pair(group, tmp_path, sims)
         assert _complete(a.url).status_code == 200
-        a.proc.signal(signal.SIGSTOP)
+        sigstop_outside_lease_lock(a, tmp_path / "router.lease")
         try:
             wait_for("standby takes over", lambda: b.get("/ready").status_code == 200, timeout=15)
             primary_file = (tmp_path / "a.state.json").read_bytes()
