@@ -1,7 +1,7 @@
 """Record workflow histories for the replay tests (tests/unit/restart/test_replay.py).
 
 Runs a few representative scenarios on the time-skipping test server (offline) with the fake
-activities of tests/unit/restart/fakes.py and writes every workflow's history — the parent
+activities of fleet/testing/restart_fakes.py and writes every workflow's history — the parent
 RollingRestart/WaveRestart and each child EngineRestart — to
 ``tests/fixtures/histories/<workflow id>.json`` (``WorkflowHistory.to_json()`` re-serialised one
 event per line; the file name is the workflow id, which ``to_json`` leaves out).
