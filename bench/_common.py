@@ -87,6 +87,12 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def proc_sys_cpu_s(pid: int) -> float:
+    """stime of ``pid`` (all its threads): the kernel's share of ``proc_cpu_s``."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return int(raw[raw.rindex(")") + 2 :].split()[12]) / CLK_TCK
+
+
 def proc_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
