@@ -40,11 +40,13 @@ from bench._common import (
     SHORT_PROMPT,
     Pinning,
     Spread,
+    _cpus,
     closed_loop,
     completion_body,
     direct_pd_sender,
     markdown_table,
     proc_cpu_s,
+    proc_sys_cpu_s,
     router_sender,
     run_async,
 )
@@ -139,12 +141,13 @@ def run_matrix(a: argparse.Namespace) -> dict[str, Any]:
                 for conc in a.concurrency:
                     order = systems[rep % len(systems) :] + systems[: rep % len(systems)]
                     for system in order:
-                        cpu0 = [0.0, 0.0]
+                        cpu0 = [0.0, 0.0, 0.0]
                         pid = system.proc.pid if system.proc else 0
 
                         def mark(pid: int = pid, cpu0: list[float] = cpu0) -> None:
                             cpu0[0] = proc_cpu_s(pid) if pid else 0.0
                             cpu0[1] = sum(proc_cpu_s(p.pid) for p in engine_procs)
+                            cpu0[2] = proc_sys_cpu_s(pid) if pid else 0.0
 
                         res = run_async(
                             closed_loop(
@@ -152,6 +155,7 @@ def run_matrix(a: argparse.Namespace) -> dict[str, Any]:
                             )
                         )
                         cpu = (proc_cpu_s(pid) - cpu0[0]) if pid else 0.0
+                        sys_cpu = (proc_sys_cpu_s(pid) - cpu0[2]) if pid else 0.0
                         engines_cpu = sum(proc_cpu_s(p.pid) for p in engine_procs) - cpu0[1]
                         s = res.summary()
                         n_all = len(res.samples)
@@ -163,6 +167,7 @@ def run_matrix(a: argparse.Namespace) -> dict[str, Any]:
                         )
                         s["engine_cpu_ms_per_req"] = engines_cpu / n_all * 1e3 if n_all else 0.0
                         s["router_cpu_util"] = cpu / res.wall_s if system.proc else 0.0
+                        s["router_sys_share"] = sys_cpu / cpu if cpu else 0.0  # kernel's part
                         row = {"system": system.name, "prompt": prompt, "concurrency": conc, "rep": rep, **s}
                         row["error_kinds"] = dict(res.errors)
                         rows.append(row)
@@ -171,6 +176,7 @@ def run_matrix(a: argparse.Namespace) -> dict[str, Any]:
                             f"{s['rps']:8.1f} req/s p50 {s['p50_ms']:7.1f} p99 {s['p99_ms']:7.1f} "
                             f"ttft50 {s['ttft_p50_ms']:6.1f} ttft99 {s['ttft_p99_ms']:6.1f} "
                             f"cpu/req {s['cpu_ms_per_req']:.3f} ms cpu/tok {s['cpu_us_per_token']:.1f} us "
+                            f"(sys {s['router_sys_share']:.0%}) "
                             f"engines {s['engine_cpu_ms_per_req']:.3f} ms/req err {int(s['errors'])} "
                             f"lg-cpu {s['loadgen_cpu_util']:.2f}",
                             file=sys.stderr,
@@ -300,10 +306,16 @@ def collapse_top(raw: str, n: int = 25) -> tuple[str, str]:
 
 
 def profile(a: argparse.Namespace) -> int:
-    """py-spy on narwhal-serve while ``--concurrency[0]`` streams (short prompt) run for ``--duration``."""
+    """py-spy on narwhal-serve while ``--concurrency[0]`` streams of ``--prompts[0]`` run for ``--duration``.
+
+    The router gets a CPU of its own (engines and load generator share the other): py-spy samples
+    wall-clock stacks, so a router preempted inside a send by the engine it just woke (same CPU)
+    would show that wait as the send's cost. Alone on its CPU, its samples are its CPU time.
+    """
     import subprocess
 
     pin = Pinning.default()
+    engine_pin = Pinning(pin.loadgen, pin.loadgen)
     sim_opts = {
         "ttft_base_ms": a.ttft_base_ms,
         "ttft_per_token_ms": a.ttft_per_token_ms,
@@ -311,9 +323,10 @@ def profile(a: argparse.Namespace) -> int:
         "max_concurrency": 1024,
     }
     conc = a.concurrency[0]
+    text, max_tokens = workload(a.prompts[0], a.max_tokens)
     with tempfile.TemporaryDirectory(prefix="pd_profile.") as tmpdir, proc_group(Path(tmpdir)) as group:
         tmp = Path(tmpdir)
-        prefills, decodes = start_engines(group, pin, sim_opts)
+        prefills, decodes = start_engines(group, engine_pin, sim_opts)
         system = start_narwhal(group, pin, tmp, prefills, decodes)
         assert system.proc is not None
         raw = tmp / "narwhal.collapsed"
@@ -340,7 +353,7 @@ def profile(a: argparse.Namespace) -> int:
             pin.pin_self()
             res = run_async(
                 closed_loop(
-                    system.make_sender(completion_body(SHORT_PROMPT, a.max_tokens)),
+                    system.make_sender(completion_body(text, max_tokens)),
                     conc,
                     a.duration,
                     warmup_s=0.2,
@@ -356,8 +369,9 @@ def profile(a: argparse.Namespace) -> int:
         self_t, incl_t = collapse_top(text)
         out = (
             f"Command: `{shlex.join(['python', *sys.argv])}`\n\n"
-            f"narwhal-serve under {conc} streams for {a.duration:.0f} s: {s['rps']:.0f} req/s, p50 {s['p50_ms']:.1f} ms, "
-            f"p99 {s['p99_ms']:.1f} ms (py-spy at 200 Hz slows it a little).\n\n"
+            f"narwhal-serve under {conc} streams ({a.prompts[0]}) for {a.duration:.0f} s: {s['rps']:.0f} req/s, p50 {s['p50_ms']:.1f} ms, "
+            f"p99 {s['p99_ms']:.1f} ms (py-spy at 200 Hz slows it a little). "
+            f"Router alone on CPU {_cpus(pin.servers)}; engines and load generator on CPU {_cpus(pin.loadgen)}.\n\n"
             f"### Self time\n\n{self_t}\n\n### Inclusive time\n\n{incl_t}\n"
         )
         sys.stdout.write(out)
@@ -388,7 +402,9 @@ def main() -> int:
     ap.add_argument("--itl-ms", type=float, default=2.0)
     ap.add_argument("--out", default="", help="also write the markdown table (and a .json) here")
     ap.add_argument(
-        "--profile", action="store_true", help="py-spy narwhal-serve at --concurrency (first value)"
+        "--profile",
+        action="store_true",
+        help="py-spy narwhal-serve at --concurrency and --prompts (first values)",
     )
     a = ap.parse_args()
     if a.profile:

@@ -24,6 +24,8 @@ from typing import Protocol
 
 import httptools
 
+_HEX = b"0123456789abcdefABCDEF"
+
 
 class WireError(Exception):
     """A failed engine exchange."""
@@ -49,8 +51,34 @@ class ResponseTooLarge(WireError):
     pass
 
 
+def whole_chunks(data: bytes) -> list[bytes] | None:
+    """The data of each chunk when ``data`` is one or more whole, non-empty chunks of a chunked
+    body (size in hex, no extension, each ending with CRLF); None for anything else."""
+    out: list[bytes] = []
+    pos, end = 0, len(data)
+    while pos < end:
+        i = data.find(b"\r\n", pos, pos + 10)
+        if i <= pos or data[pos:i].lstrip(_HEX):
+            return None
+        n = int(data[pos:i], 16)
+        nxt = i + n + 4
+        if not n or nxt > end or data[nxt - 2 : nxt] != b"\r\n":
+            return None
+        out.append(data[i + 2 : nxt - 2])
+        pos = nxt
+    return out or None
+
+
 class Listener(Protocol):
-    """Receives a response body from the connection's callbacks (after ``Response.attach``)."""
+    """Receives a response body from the connection's callbacks (after ``Response.attach``).
+
+    ``on_chunks`` gets the data of the HTTP chunks of a chunked body when one read held whole
+    chunks only (the usual decode-stream tokens: the parser is skipped for them), one item per
+    chunk; ``on_data`` gets what the parser delivered otherwise. Either way the bytes are the body,
+    in order.
+    """
+
+    def on_chunks(self, bodies: list[bytes]) -> None: ...
 
     def on_data(self, chunks: list[bytes]) -> None: ...
 
@@ -184,7 +212,11 @@ class Response:
             return
         if self._exc is not None:
             listener.on_error(self._exc)
-        elif self.complete and not self._chunks:
+            return
+        if self._chunks:  # bytes that arrived before the listener: first, in order
+            chunks, self._chunks = self._chunks, []
+            listener.on_data(chunks)
+        if self.complete and self._listener is listener:
             listener.on_end()
 
     def fail(self, exc: BaseException) -> None:
@@ -230,6 +262,9 @@ class EngineConnection(asyncio.Protocol):
         self.keep_alive = True
         self.closed = False
         self.reading = True  # False while the router paused reading (a slow client downstream)
+        # The parser has just finished a chunk of a chunked body and holds nothing after it: the
+        # next read, when it is exactly one whole chunk, can skip the parser (see data_received).
+        self.at_boundary = False
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -246,6 +281,22 @@ class EngineConnection(asyncio.Protocol):
         if resp is None or parser is None:
             self.abort()  # bytes nobody asked for: the connection is not reusable
             return
+        listener = resp._listener
+        if self.at_boundary and listener is not None and not resp._chunks:
+            # Fast path for a relayed stream: this read is whole chunks "<hex>\r\n<data>\r\n" only
+            # (token events). The parser stays at the same chunk boundary, so it takes over again
+            # for anything else (a chunk cut between reads, an extension, the last chunk).
+            bodies = whole_chunks(data)
+            if bodies is not None:
+                resp.received += sum(map(len, bodies))
+                if resp.received > resp.limit:
+                    resp._fail(ResponseTooLarge(f"engine response exceeds {resp.limit} bytes"))
+                    self.abort()
+                    return
+                resp.last_rx = self.loop.time()
+                listener.on_chunks(bodies)
+                return
+        self.at_boundary = False
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -260,6 +311,8 @@ class EngineConnection(asyncio.Protocol):
             resp._fail(ResponseTooLarge(f"engine response exceeds {resp.limit} bytes"))
             self.abort()
             return
+        if self.at_boundary and not data.endswith(b"\r\n"):
+            self.at_boundary = False  # a partial chunk header follows the finished chunk
         resp._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -280,8 +333,15 @@ class EngineConnection(asyncio.Protocol):
         assert self.response is not None
         self.response._on_body(body)
 
+    def on_chunk_header(self) -> None:
+        self.at_boundary = False
+
+    def on_chunk_complete(self) -> None:
+        self.at_boundary = True
+
     def on_message_complete(self) -> None:
         assert self.response is not None
+        self.at_boundary = False
         self.response._on_complete()
 
     # -- requests ---------------------------------------------------------------------------
@@ -289,6 +349,7 @@ class EngineConnection(asyncio.Protocol):
         assert self.transport is not None
         self.response = resp = Response(self, limit)
         self.parser = httptools.HttpResponseParser(self)
+        self.at_boundary = False
         self.transport.write(data)
         return resp
 

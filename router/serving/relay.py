@@ -97,10 +97,18 @@ _ANY_TIDS = b'"token_ids":'
 def relay_chunk(payload: bytes, st: StreamState, want_ids: bool) -> tuple[bytes, int]:
     """``process_chunk`` for a streaming client, on bytes: count the choice's ``token_ids`` and cut
     them out without a JSON round trip when the chunk has the usual shape (one choice, with an
-    ``index``, holding one compact ``,"token_ids":[ints]``; no ``prompt_token_ids``, no ``error``).
-    Anything else takes the full parse, so the result is the same either way."""
+    ``index``, holding one compact ``,"token_ids":[ints]``; no ``error``; at most one compact
+    ``prompt_token_ids`` list, counted and cut out the same way for a client that did not ask for
+    ids). Anything else takes the full parse, so the result is the same either way."""
+    if b'"error"' in payload:
+        return process_chunk(payload, st, want_ids, False)
+    if b"prompt_token" in payload:  # the first chunk of a stream (return_token_ids)
+        cut = None if want_ids else _cut_prompt_ids(payload, st)
+        if cut is None:
+            return process_chunk(payload, st, want_ids, False)
+        payload = cut
     i = payload.find(_TIDS)
-    if i == -1 or b'"error"' in payload or b"prompt_token" in payload:
+    if i == -1:
         return process_chunk(payload, st, want_ids, False)
     start = i + 14
     end = payload.find(b"]", start)
@@ -117,6 +125,62 @@ def relay_chunk(payload: bytes, st: StreamState, want_ids: bool) -> tuple[bytes,
         return process_chunk(payload, st, want_ids, False)
     st.tokens += n
     return (payload if want_ids else payload[:i] + payload[end + 1 :]), n
+
+
+_PTIDS = b',"prompt_token_ids":['
+_DIGITS = b"0123456789"
+
+
+def _cut_prompt_ids(payload: bytes, st: StreamState) -> bytes | None:
+    """Count and cut out one compact ``,"prompt_token_ids":[ints]`` without parsing the prompt's
+    ids (a long prompt's first chunk is mostly them); None for any other shape (a full parse)."""
+    j = payload.find(_PTIDS)
+    if j == -1 or payload.find(b"prompt_token", 0, j) != -1:
+        return None
+    k = payload.find(b"]", j + 21)
+    if k == -1 or payload.find(b"prompt_token", k) != -1:  # (the list itself is digits and commas)
+        return None
+    if k > j + 21:
+        commas = payload[j + 21 : k].translate(None, _DIGITS)  # what is left must be separators
+        if commas.strip(b","):
+            return None
+        st.prompt_tokens = len(commas) + 1
+    else:
+        st.prompt_tokens = 0
+    return payload[:j] + payload[k + 1 :]
+
+
+def relay_event(event: bytes, st: StreamState, want_ids: bool) -> bytes | None:
+    """``relay_chunk`` fused with the SSE framing, for one whole body chunk that is exactly one
+    single-line event ``data: {...}\n\n`` of the usual shape: returns the frame to relay (the
+    event itself, or with the choice's ``token_ids`` cut out) and counts its tokens. None — and
+    nothing counted — for anything else; the caller then takes the framer + ``relay_chunk`` path,
+    which gives the same frames."""
+    if not event.startswith(b"data: {") or not event.endswith(b"}\n\n"):
+        return None
+    i = event.find(_TIDS)
+    if i == -1 or event.find(b"\n", 0, -2) != -1 or b"\r" in event or b'"error"' in event:
+        return None
+    start = i + 14
+    end = event.find(b"]", start)
+    if (
+        end == -1
+        or event.find(_ANY_TIDS, end) != -1
+        or event.count(b'"index":') != 1
+        or b"prompt_token" in event
+    ):
+        return None
+    ids = event[start:end]
+    if ids.isdigit():
+        n = 1
+    elif not ids:
+        n = 0
+    elif ids.replace(b",", b"").isdigit():
+        n = ids.count(b",") + 1
+    else:
+        return None
+    st.tokens += n
+    return event if want_ids else event[:i] + event[end + 1 :]
 
 
 def assemble_response(

@@ -16,7 +16,7 @@ from typing import Any
 
 from router.engines.legs import DecodeStream, LegFailure
 from router.engines.wire import ResponseTooLarge, WireError
-from router.serving.relay import StreamError, StreamState, relay_chunk
+from router.serving.relay import StreamError, StreamState, relay_chunk, relay_event
 
 DONE = "done"
 BLOCKED = "blocked"
@@ -83,6 +83,30 @@ class ClientRelay:
         self.stream.resp.attach(None)
 
     # -- the engine connection's side (Listener) ----------------------------------------------
+    def on_chunks(self, bodies: list[bytes]) -> None:
+        """Whole HTTP chunks of the decode body (the usual token events): each plain event is
+        framed, cut and counted in one pass, and all go out in one write; from the first chunk
+        that is anything else on, the framer path (``on_data``) takes the rest, in order."""
+        if self.finished:
+            return
+        framer, st, want = self.framer, self.st, self.want
+        frames: list[bytes] = []
+        for k, body in enumerate(bodies):
+            frame = None if framer.buf or framer.cr or framer.ready else relay_event(body, st, want)
+            if frame is None:
+                self._write(frames)
+                self.on_data(bodies[k:])
+                return
+            frames.append(frame)
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        transport = self.transport
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+        if transport.is_closing():
+            self._fail(ClientGone("client disconnected"))
+        elif self.protocol.writing_paused:
+            self.stream.resp.pause_reading()
+            self._settle(BLOCKED)
+
     def on_data(self, chunks: list[bytes]) -> None:
         if self.finished:
             return

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from fleet.sim import openai as oai
 from fleet.sim.config import Faults
-from fleet.sim.state import KvStore, flat_block_ids, output_tokens
+from fleet.sim.state import KvStore, flat_block_ids, output_tokens, prompt_token_ids
 
 
 def test_kv_store_take_once_and_expire() -> None:
@@ -36,6 +36,15 @@ def test_tokens_are_deterministic() -> None:
     assert output_tokens(b"p", 0, 8)[:3] == output_tokens(b"p", 0, 3)
     assert output_tokens(b"p", 0, 8) != output_tokens(b"q", 0, 8)
     assert output_tokens(b"p", 0, 8) != output_tokens(b"p", 1, 8)
+
+
+def test_prompt_token_ids_are_deterministic_per_prompt() -> None:
+    ids = prompt_token_ids(b"p", 4141)
+    assert len(ids) == 4141 and all(type(i) is int and i >= 0 for i in ids)
+    assert ids == prompt_token_ids(b"p", 4141)  # every engine reports the same ids for a prompt
+    assert prompt_token_ids(b"p", 3) == ids[:3]
+    assert prompt_token_ids(b"q", 8) != ids[:8]
+    assert prompt_token_ids(b"p", 0) == []
 
 
 def test_faults_merge_and_validate() -> None:

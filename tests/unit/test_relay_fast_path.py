@@ -1,0 +1,303 @@
+"""The relay's fast path — one whole HTTP chunk holding one plain token event skips the HTTP parser,
+the SSE framer and ``relay_chunk`` — gives the client exactly the bytes, token count and outcome of
+the general path, however the engine's body is cut into HTTP chunks and into reads."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.engines.legs import DecodeStream, LegFailure
+from router.engines.sse import SSEFramer
+from router.engines.wire import EngineConnection, EnginePool, whole_chunks
+from router.serving.relay import StreamError, StreamState, process_chunk, relay_chunk, relay_event
+from router.serving.stream import ClientRelay
+
+_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def _token_doc(tids: list[int], text: str = " a", extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": None, "text": text}
+    choice["token_ids"] = tids
+    return {"id": "cmpl-1", "object": "text_completion", "choices": [choice], **(extra or {})}
+
+
+_text = st.text(alphabet=st.characters(codec="utf-8"), max_size=8)
+_tids = st.lists(st.integers(0, 2**20), max_size=3)
+_payload = st.one_of(
+    st.builds(lambda t, x: orjson.dumps(_token_doc(t, x)), _tids, _text),  # the usual token chunk
+    st.builds(lambda t: orjson.dumps(_token_doc(t, extra={"usage": {"prompt_tokens": 1}})), _tids),
+    st.builds(
+        lambda t: orjson.dumps({"choices": [{"index": 0, "token_ids": t, "prompt_token_ids": [1, 2]}]}),
+        _tids,
+    ),
+    st.builds(
+        lambda t: orjson.dumps({"choices": [{"index": 0, "token_ids": t}, {"index": 1, "token_ids": t}]}),
+        _tids,
+    ),
+    st.just(b'{"choices":[{"index":0,"text":" b"}]}'),  # no token_ids: counted by text
+    st.just(b'{"error":{"message":"boom"}}'),
+    st.just(b"not json"),
+)
+_event = st.one_of(
+    _payload.map(lambda p: b"data: " + p + b"\n\n"),
+    _payload.map(lambda p: b"data:" + p + b"\n\n"),  # no space after the colon
+    _payload.map(lambda p: b"data: " + p + b" \n\n"),  # trailing blank
+    _payload.map(lambda p: b"data: " + p + b"\r\n\r\n"),
+    _payload.map(lambda p: b": keep-alive\ndata: " + p + b"\n\n"),
+    st.just(b": ping\n\n"),
+)
+
+
+def _reference_frames(events: list[bytes], want: bool) -> tuple[bytes, str, int]:
+    """What the general path sends: framer → relay_chunk per payload → ``data: <out>\\n\\n``."""
+    framer, state, out = SSEFramer(), StreamState(), b""
+    for ev in events:
+        done = framer.feed(ev)
+        for p in framer.take():
+            try:
+                frame, _ = relay_chunk(p, state, want)
+            except StreamError:
+                return out, "error", state.tokens
+            out += b"data: " + frame + b"\n\n"
+        if done:
+            return out + b"data: [DONE]\n\n", "done", state.tokens
+    return out, "cut", state.tokens
+
+
+@settings(max_examples=300, deadline=None)
+@given(event=_event, want=st.booleans())
+def test_relay_event_gives_the_general_paths_frame(event: bytes, want: bool) -> None:
+    fast = StreamState()
+    frame = relay_event(event, fast, want)
+    ref, outcome, tokens = _reference_frames([event], want)
+    if frame is None:
+        assert fast.tokens == 0  # nothing counted: the general path will count it
+        return
+    assert outcome == "cut" and frame == ref and fast.tokens == tokens
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def abort(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, pos = b"", 0
+    while pos < len(data):
+        eol = data.index(b"\r\n", pos)
+        n = int(data[pos:eol], 16)
+        out += data[eol + 2 : eol + 2 + n]
+        assert data[eol + 2 + n : eol + 4 + n] == b"\r\n"
+        pos = eol + 4 + n
+    return out
+
+
+class _CountingRelay(ClientRelay):
+    __slots__ = ("fast_chunks",)
+
+    def on_chunks(self, bodies: list[bytes]) -> None:
+        self.fast_chunks += len(bodies)
+        super().on_chunks(bodies)
+
+
+async def _relay(reads: list[bytes], want: bool, early: int = 0) -> tuple[bytes, str, int, int]:
+    """Relay ``reads`` to a client; the first ``early`` of them arrive before the relay attaches."""
+    loop = asyncio.get_running_loop()
+    conn = EngineConnection(EnginePool(1.0), ("127.0.0.1", 1), loop)
+    conn.connection_made(_Transport())  # type: ignore[arg-type]
+    resp = conn.send(b"", 1 << 20)
+    client, state = _Transport(), StreamState()
+    relay = _CountingRelay(
+        DecodeStream(resp, "e"),
+        client,  # type: ignore[arg-type]
+        SimpleNamespace(writing_paused=False),
+        True,
+        state,
+        want,
+    )
+    relay.fast_chunks = 0
+    for r in reads[:early]:
+        conn.data_received(r)
+    relay.start()
+    for r in reads[early:]:
+        if relay.finished:
+            break
+        conn.data_received(r)
+    if not relay.finished:
+        conn.connection_lost(None)
+    sent = _dechunk(bytes(client.data)) + b"".join(relay.tail)
+    sig = relay.signal
+    if not sig.done():
+        outcome = "pending"
+    elif sig.exception() is None:
+        outcome = "done"
+    else:
+        exc = sig.exception()
+        assert isinstance(exc, LegFailure)
+        outcome = "cut" if exc.detail == "stream ended without [DONE]" else "error"
+    return sent, outcome, state.tokens, relay.fast_chunks
+
+
+def _http_chunks(events: list[bytes], groups: list[int], upper: bool) -> list[bytes]:
+    """The body as HTTP chunks: events joined or split per ``groups`` (the engine's writes)."""
+    body = b"".join(events)
+    cuts = sorted({g % (len(body) + 1) for g in groups} | {0, len(body)})
+    out = []
+    for a, b in itertools.pairwise(cuts):
+        part = body[a:b]
+        size = (b"%X" if upper else b"%x") % len(part)
+        out.append(size + b"\r\n" + part + b"\r\n")
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    events=st.lists(_event, max_size=6),
+    done=st.booleans(),
+    want=st.booleans(),
+    upper=st.booleans(),
+    groups=st.lists(st.integers(0, 5000), max_size=4),
+    cuts=st.lists(st.integers(0, 5000), max_size=8),
+    early=st.integers(0, 3),
+)
+def test_client_bytes_do_not_depend_on_chunking_or_reads(
+    events: list[bytes],
+    done: bool,
+    want: bool,
+    upper: bool,
+    groups: list[int],
+    cuts: list[int],
+    early: int,
+) -> None:
+    events = [*events, b"data: [DONE]\n\n"] if done else events
+    ref = _reference_frames(events, want)
+    per_event = [c for ev in events for c in _http_chunks([ev], [], upper)]
+    wire = _HEAD + b"".join(_http_chunks(events, groups, upper)) + b"0\r\n\r\n"
+    points = sorted({c % (len(wire) + 1) for c in cuts} | {0, len(wire)})
+    runs = {
+        "one read per event chunk": [_HEAD, *per_event, b"0\r\n\r\n"],
+        "everything in one read": [_HEAD + b"".join(per_event) + b"0\r\n\r\n"],
+        "first event alone, then the rest in one read": [
+            _HEAD,
+            *per_event[:1],
+            b"".join(per_event[1:]),
+            b"0\r\n\r\n",
+        ],
+        "engine chunks, cut reads": [wire[a:b] for a, b in itertools.pairwise(points)],
+    }
+
+    async def run() -> None:
+        for name, reads in runs.items():
+            sent, outcome, tokens, _ = await _relay(reads, want, early)
+            assert (sent, outcome, tokens) == ref, name
+
+    asyncio.run(run())
+
+
+def test_plain_token_chunks_take_the_fast_path() -> None:
+    events = [b"data: " + orjson.dumps(_token_doc([i])) + b"\n\n" for i in range(5)]
+    events.append(b"data: [DONE]\n\n")
+    reads = [_HEAD, *(c for ev in events for c in _http_chunks([ev], [], False)), b"0\r\n\r\n"]
+
+    async def run() -> tuple[bytes, str, int, int]:
+        return await _relay(reads, False)
+
+    sent, outcome, tokens, fast = asyncio.run(run())
+    assert (outcome, tokens) == ("done", 5)
+    assert fast == 5  # every chunk after the first one skipped the parser (the 4 tokens and [DONE])
+    assert b"token_ids" not in sent and sent.count(b"data: ") == 6
+
+
+def test_several_token_chunks_in_one_read_take_the_fast_path_with_one_write() -> None:
+    events = [b"data: " + orjson.dumps(_token_doc([i])) + b"\n\n" for i in range(5)]
+    chunks = [c for ev in events for c in _http_chunks([ev], [], False)]
+    reads = [_HEAD, chunks[0], b"".join(chunks[1:]), b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"]
+
+    async def run() -> tuple[bytes, str, int, int]:
+        return await _relay(reads, True)
+
+    sent, outcome, tokens, fast = asyncio.run(run())
+    assert (outcome, tokens, fast) == ("done", 5, 4)
+    assert sent == b"".join(events) + b"data: [DONE]\n\n"  # token_ids kept: the client asked
+
+
+def test_whole_chunks() -> None:
+    assert whole_chunks(b"3\r\nabc\r\n") == [b"abc"]
+    assert whole_chunks(b"3\r\nabc\r\nA\r\n0123456789\r\n") == [b"abc", b"0123456789"]
+    assert whole_chunks(b"a\r\n0123456789\r\n") == [b"0123456789"]
+    for partial_or_other in (
+        b"",
+        b"3\r\nab",  # cut
+        b"3\r\nabc\r",
+        b"3\r\nabc\r\n4\r\nab",  # whole, then cut
+        b"3;ext=1\r\nabc\r\n",  # chunk extension: the parser's job
+        b"0\r\n\r\n",  # the last chunk ends the message: the parser's job
+        b"3\r\nabcd\r\n",  # data longer than its size
+        b"0x3\r\nabc\r\n",
+        b" 3\r\nabc\r\n",
+        b"\r\n3\r\nabc\r\n",
+    ):
+        assert whole_chunks(partial_or_other) is None, partial_or_other
+
+
+_ids = st.lists(st.integers(0, 2**31), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tids=st.one_of(st.none(), _ids),
+    ptids=_ids,
+    where=st.sampled_from(["choice", "top", "both", "first"]),
+    want=st.booleans(),
+)
+def test_prompt_ids_cut_on_bytes_match_the_json_relay(
+    tids: list[int] | None, ptids: list[int], where: str, want: bool
+) -> None:
+    """The first chunk of a stream carries the prompt's ids (``return_token_ids``): counted and cut
+    out on bytes, the result is the full parse's, wherever the engine put them."""
+    choice: dict[str, Any] = {"index": 0, "text": " a", "finish_reason": None}
+    if tids is not None:
+        choice["token_ids"] = tids
+    doc: dict[str, Any] = {"id": "cmpl-1", "choices": [choice]}
+    if where in ("choice", "both"):
+        choice["prompt_token_ids"] = ptids
+    if where in ("top", "both"):
+        doc["prompt_token_ids"] = ptids
+    if where == "first":
+        doc = {"prompt_token_ids": ptids, **doc}
+    payload = orjson.dumps(doc)
+    a, b = StreamState(), StreamState()
+    want_out, want_n = process_chunk(payload, a, want, False)
+    out, n = relay_chunk(payload, b, want)
+    assert (orjson.loads(out), n, b.tokens, b.prompt_tokens) == (
+        orjson.loads(want_out),
+        want_n,
+        a.tokens,
+        a.prompt_tokens,
+    )
