@@ -220,6 +220,7 @@ class LifecycleActivities:
         status, doc, url = await heartbeating(self.client.post(req.router, "/narwhal/lifecycle/drain", body))
         view = _view(doc, url)
         if status == 200 and view is not None:
+            activity.logger.info("drain of %s acknowledged by %s", req.engines or "the wave", url)
             return DrainOutcome(engines=_subset(view, req.engines), wave_id=view.wave_id)
         error = _error_of(doc) or f"HTTP {status}"
         if status == 409 and ALREADY_ACTIVE in error:
@@ -265,6 +266,7 @@ class LifecycleActivities:
                 missing = sorted(set(req.engines) - set(mine))
                 return StopWait(status="unexpected", engines=mine, message=f"unknown engine(s) {missing}")
             if all(e.ready_to_stop for e in mine.values()) and (not req.wave or view.wave_ready_to_stop):
+                activity.logger.info("%s ready to stop after %d polls", req.engines, polls)
                 return StopWait(status="ready_to_stop", engines=mine)
             odd = {i: e.state for i, e in mine.items() if e.state not in HELD_STATES}
             if odd:
@@ -286,6 +288,7 @@ class LifecycleActivities:
         )
         view = _view(doc, url)
         if status == 200 and view is not None:
+            activity.logger.info("readmit of %s acknowledged by %s", req.engines, url)
             return ReadmitOutcome(engines=_subset(view, req.engines))
         error = _error_of(doc) or f"HTTP {status}"
         if status == 409:

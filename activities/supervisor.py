@@ -97,6 +97,7 @@ class SupervisorActivities:
             raise errors.not_ready_yet(f"{target.iid}: process start unreadable at {url or '(no url)'}")
         if not newer_process(live, target.old_process_start):
             raise errors.not_ready_yet(f"{target.iid} still runs the drained process (start {live})")
+        activity.logger.info("%s runs a new process (start %s)", target.iid, live)
         return NewProcess(iid=target.iid, process_start=live)
 
     # -- restart --------------------------------------------------------------------------------
@@ -161,6 +162,7 @@ class SupervisorActivities:
             if restarted
             else "not restarted: the engine already runs another process"
         )
+        activity.logger.info("%s %s", target.iid, note)
         return RestartOutcome(
             iid=target.iid,
             restarted=restarted,

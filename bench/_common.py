@@ -27,7 +27,17 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-MODEL = "sim-model"
+# the streamed-completion client lives in the package (the chaos drill uses it too); re-exported here
+from fleet.testing.streams import (  # noqa: E402, F401
+    JSON_HEADERS,
+    MODEL,
+    RequestFailed,
+    completion_body,
+    new_session,
+    pct,
+    stream_completion,
+)
+
 SHORT_PROMPT = "the quick brown narwhal jumps over the lazy walrus"
 # ~4100 simulator tokens: with --ttft-per-token-ms 0.05 the prefill leg costs ~+200 ms
 LONG_PROMPT = " ".join(f"narwhal{i % 97} tusk{i % 31}" for i in range(1000))
@@ -104,64 +114,6 @@ class Sample:
     frames: int = 0  # token frames received (streamed requests)
 
 
-class RequestFailed(Exception):
-    def __init__(self, kind: str, detail: str = "") -> None:
-        super().__init__(f"{kind}: {detail}" if detail else kind)
-        self.kind = kind
-        self.detail = detail
-
-
-def completion_body(prompt: str, max_tokens: int, stream: bool = True) -> dict[str, Any]:
-    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
-
-
-async def stream_completion(
-    session: aiohttp.ClientSession, url: str, body: dict[str, Any], t0: float | None = None
-) -> tuple[float, int]:
-    """POST a streamed completion; returns (seconds from ``t0`` to the first token frame, frames).
-
-    Raises ``RequestFailed`` with a short kind: ``http_<status>``, ``connect``, ``stream_cut``
-    (the body ended without ``[DONE]``), ``stream_error`` (an error frame), ``timeout``.
-    """
-    t0 = time.perf_counter() if t0 is None else t0
-    ttft = 0.0
-    frames = 0
-    got_bytes = False
-    try:
-        async with session.post(url + "/v1/completions", data=orjson.dumps(body), headers=_JSON) as resp:
-            if resp.status != 200:
-                text = (await resp.read())[:300].decode(errors="replace")
-                raise RequestFailed(f"http_{resp.status}", text)
-            async for line in resp.content:
-                got_bytes = True
-                if not line.startswith(b"data: "):
-                    continue
-                if line.startswith(b"data: [DONE]"):
-                    return ttft, frames
-                if b'"error"' in line[:40]:
-                    raise RequestFailed("stream_error", line[:300].decode(errors="replace"))
-                frames += 1
-                if not ttft:
-                    ttft = time.perf_counter() - t0
-    except aiohttp.ClientConnectorError as exc:
-        raise RequestFailed("connect", str(exc)) from None
-    except (
-        aiohttp.ClientPayloadError,
-        aiohttp.ServerDisconnectedError,
-        aiohttp.ClientOSError,
-        ConnectionResetError,
-    ) as exc:
-        raise RequestFailed("stream_cut" if got_bytes else "disconnect", repr(exc)) from None
-    except TimeoutError:
-        raise RequestFailed("timeout") from None
-    except aiohttp.ClientError as exc:
-        raise RequestFailed("client_error", repr(exc)) from None
-    raise RequestFailed("stream_cut", "no [DONE]")
-
-
-_JSON = {"Content-Type": "application/json"}
-
-
 async def direct_pd_completion(
     session: aiohttp.ClientSession, prefill: str, decode: str, body: dict[str, Any]
 ) -> tuple[float, int]:
@@ -170,7 +122,9 @@ async def direct_pd_completion(
     t0 = time.perf_counter()
     pre = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
     try:
-        async with session.post(prefill + "/v1/completions", data=orjson.dumps(pre), headers=_JSON) as resp:
+        async with session.post(
+            prefill + "/v1/completions", data=orjson.dumps(pre), headers=JSON_HEADERS
+        ) as resp:
             raw = await resp.read()
             if resp.status != 200:
                 raise RequestFailed(f"http_{resp.status}", raw[:300].decode(errors="replace"))
@@ -234,21 +188,6 @@ class LoadResult:
             "ttft_p99_ms": pct(ttft, 99) * 1e3,
             "loadgen_cpu_util": self.loadgen_cpu_s / self.wall_s if self.wall_s else 0.0,
         }
-
-
-def pct(values: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile (0 for no values)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
-    return ordered[k]
-
-
-def new_session(concurrency: int) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=max(16, concurrency * 2), limit_per_host=0, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=120, sock_connect=5)
-    return aiohttp.ClientSession(connector=connector, timeout=timeout)
 
 
 async def closed_loop(

@@ -25,27 +25,11 @@ if str(REPO) not in sys.path:
 
 from bench._common import Spread, markdown_table  # noqa: E402
 from fleet.testing.etcd import EtcdCluster  # noqa: E402
+from fleet.testing.etcd_ha import etcd_pair, etcd_standby  # noqa: E402
 from fleet.testing.fleet import restart_sim, start_sims  # noqa: E402
+from fleet.testing.ha import controls, drain, engine_state, epoch_of, held  # noqa: E402
 from fleet.testing.procs import proc_group  # noqa: E402
-from tests.integration.etcd_support import (  # noqa: E402
-    STANDBY,
-    controls,
-    drain,
-    engine_state,
-    epoch_of,
-    etcd_router,
-    held,
-    ready,
-)
-
-
-def wait(check: object, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return True
-        time.sleep(0.01)
-    return False
+from fleet.testing.waits import wait_for  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,12 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             with proc_group(work) as group:
                 sims = start_sims(group, 3, itl_ms=2)
                 eps = cluster.endpoints
-                holder = etcd_router(group, work, sims, "a", eps, prefix, wait_ready=True)
-                standby = etcd_router(
-                    group, work, sims, "b", eps, prefix, "--standby-of", holder.url, *STANDBY
-                )
+                holder, standby = etcd_pair(group, work, sims, eps, prefix)
                 names = ("a", "b")
-                wait(lambda: ready(standby)[1].get("reason") == "shadowing", 60)
                 for n in range(args.rounds):
                     action = "drain" if n % 2 == 0 else "readmit"
                     if action == "drain":
@@ -83,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
                     before = epoch_of(holder)
                     holder.proc.kill9()
                     killed = time.monotonic()
-                    if not wait(lambda s=standby: controls(s), 60):
-                        raise SystemExit(f"round {n}: no takeover within 60 s")
+                    try:
+                        wait_for("takeover", lambda s=standby: controls(s), timeout=60, interval=0.01)
+                    except AssertionError:
+                        raise SystemExit(f"round {n}: no takeover within 60 s") from None
                     took.append(time.monotonic() - killed)
                     kept = (
                         held(standby, "e0")
@@ -94,10 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                     if not kept or epoch_of(standby) != before + 1:
                         lost.append(f"round {n}: {action} lost ({engine_state(standby, 'e0')})")
                     print(f"round {n}: {action} kept={kept} takeover {took[-1]:.2f}s", file=sys.stderr)
-                    back = etcd_router(
-                        group, work, sims, names[0], eps, prefix, "--standby-of", standby.url, *STANDBY
-                    )
-                    wait(lambda back=back: ready(back)[1].get("reason") == "shadowing", 60)
+                    back = etcd_standby(group, work, sims, names[0], eps, prefix, standby)
                     holder, standby, names = standby, back, (names[1], names[0])
         finally:
             cluster.close()

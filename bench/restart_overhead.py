@@ -30,9 +30,9 @@ from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fleet.testing.lifecycle import start_stack
 from fleet.testing.procs import proc_group
 from fleet.testing.temporal import SEARCH_ATTRIBUTE_KEYS, dev_server_path
-from tests.integration.lifecycle_support import start_stack
 from workflows.models import RestartPlan, RestartResult, RouterRef, SupervisorRef, Timing
 from workflows.worker import build_worker
 

@@ -1,7 +1,7 @@
 """Record workflow histories for the replay tests (tests/unit/restart/test_replay.py).
 
 Runs a few representative scenarios on the time-skipping test server (offline) with the fake
-activities of tests/unit/restart/fakes.py and writes every workflow's history — the parent
+activities of fleet/testing/restart_fakes.py and writes every workflow's history — the parent
 RollingRestart/WaveRestart and each child EngineRestart — to
 ``tests/fixtures/histories/<workflow id>.json`` (``WorkflowHistory.to_json()`` re-serialised one
 event per line; the file name is the workflow id, which ``to_json`` leaves out).
@@ -30,20 +30,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from temporalio.api.enums.v1 import IndexedValueType  # noqa: E402
-from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest  # noqa: E402
 from temporalio.client import WorkflowHandle  # noqa: E402
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 
-from fleet.testing.temporal import time_skipping_server_path  # noqa: E402
-from tests.unit.restart.fakes import FakeFleet  # noqa: E402
+from fleet.testing.restart_fakes import FakeFleet  # noqa: E402
+from fleet.testing.temporal import start_time_skipping, until_progress  # noqa: E402
 from workflows.models import (  # noqa: E402
     OperatorAnswer,
     OperatorRequest,
     RestartPlan,
-    RestartProgress,
     RestartResult,
     RouterRef,
     SupervisorRef,
@@ -74,19 +70,6 @@ async def start(env: WorkflowEnvironment, p: RestartPlan) -> Handle:
     return await env.client.start_workflow(wf, p, id=fleet_workflow_id(p.fleet), task_queue=TASK_QUEUE)
 
 
-async def until(handle: Handle, pred: Callable[[RestartProgress], bool]) -> RestartProgress:
-    p: RestartProgress | None = None
-    for _ in range(400):
-        p = await handle.query("progress", result_type=RestartProgress)
-        try:
-            if pred(p):
-                return p
-        except KeyError:
-            pass
-        await asyncio.sleep(0.05)
-    raise RuntimeError(f"condition never held; last progress {p.model_dump() if p else None}")
-
-
 async def finish(handle: Handle) -> RestartResult:
     res = await asyncio.wait_for(handle.result(), 30)
     if not res.ok:
@@ -109,7 +92,7 @@ async def readmit_retry(env: WorkflowEnvironment, fleet: FakeFleet) -> RestartPl
     fleet.fail_readmit.add("e0")
     p = plan("readmit-retry")
     h = await start(env, p)
-    await until(h, lambda p: p.engines["e0"].step == "blocked")
+    await until_progress(h, lambda p: p.engines["e0"].step == "blocked")
     fleet.fail_readmit.clear()
     await h.execute_update("retry", OperatorRequest(by="bob"), result_type=OperatorAnswer)
     await finish(h)
@@ -132,7 +115,7 @@ async def pause_resume(env: WorkflowEnvironment, fleet: FakeFleet) -> RestartPla
     await asyncio.wait_for(fleet.readmit_entered.wait(), 10)
     await h.signal("pause")
     fleet.readmit_gate.set()
-    await until(h, lambda p: p.engines["e0"].outcome == "restarted" and p.state == "paused")
+    await until_progress(h, lambda p: p.engines["e0"].outcome == "restarted" and p.state == "paused")
     await h.signal("resume")
     await finish(h)
     return p
@@ -144,7 +127,7 @@ async def restart_timeout_retry(env: WorkflowEnvironment, fleet: FakeFleet) -> R
     p = plan("restart-timeout-retry")
     p = p.model_copy(update={"timing": p.timing.model_copy(update={"new_process_timeout_s": 2.0})})
     h = await start(env, p)
-    await until(h, lambda p: p.engines["e0"].step == "blocked")
+    await until_progress(h, lambda p: p.engines["e0"].step == "blocked")
     fleet.never_back.clear()
     await h.execute_update("retry", OperatorRequest(by="bob"), result_type=OperatorAnswer)
     await finish(h)
@@ -172,7 +155,7 @@ async def canary(env: WorkflowEnvironment, fleet: FakeFleet) -> RestartPlan:
     """Canary gate after one engine (``pause_after=1``), released with ``approve``."""
     p = plan("canary", pause_after=1)
     h = await start(env, p)
-    await until(h, lambda p: p.state == "waiting_operator")
+    await until_progress(h, lambda p: p.state == "waiting_operator")
     await h.execute_update("approve", OperatorRequest(by="bob"), result_type=OperatorAnswer)
     await finish(h)
     return p
@@ -200,20 +183,9 @@ def compact(history_json: str) -> str:
 
 async def record(only: list[str]) -> dict[str, str]:
     """Run the scenarios; returns {workflow id: history file text}."""
-    env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=time_skipping_server_path(), data_converter=pydantic_data_converter
-    )
+    env = await start_time_skipping()
     histories: dict[str, str] = {}
     try:
-        await env.client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(
-                namespace="default",
-                search_attributes={
-                    "NarwhalFleet": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
-                    "NarwhalState": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
-                },
-            )
-        )
         for name, (roles, scenario) in SCENARIOS.items():
             if only and name not in only:
                 continue

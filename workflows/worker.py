@@ -24,6 +24,7 @@ from temporalio.worker import Worker
 from activities.router import LifecycleActivities, LifecycleClient
 from activities.supervisor import SupervisorActivities
 from router import telemetry
+from router.logs import setup_logging
 from workflows.client import (
     DEFAULT_TASK_QUEUE,
     TemporalUnavailable,
@@ -106,7 +107,7 @@ def _main(argv: Sequence[str] | None) -> int:
     )
     p.add_argument("--log-level", type=log_level, default="INFO", help="debug|info|warning|error (any case)")
     args = p.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level)  # the activities' per-poll httpx lines only at debug
     telemetry.setup_tracing(SERVICE_NAME)  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
     try:
         asyncio.run(serve(args.address, args.namespace, args.task_queue, args.grace))

@@ -24,6 +24,7 @@ from aiohttp import web
 from fleet.attest import proc
 from fleet.attest.binding import ContractError, load_contract
 from fleet.attest.server import Settings, Sidecar
+from router.logs import setup_logging
 
 log = logging.getLogger("narwhal.attest")
 
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ContractError, proc.ProcessGone) as exc:
         print(f"narwhal-attest: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(ns.log_level)  # its per-request httpx calls to the engine only at debug
     try:
         asyncio.run(serve(settings, ns.host, ns.port))
     except OSError as exc:

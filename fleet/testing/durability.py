@@ -9,41 +9,29 @@ answered 200 is still held. Used by ``tests/integration/test_durable_state.py`` 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from fleet.testing.fleet import SimEngine, write_fleet
+from fleet.testing.fleet import FAST, SimEngine, write_fleet
+from fleet.testing.ha import epoch_of, held, resumed, start_pair
 from fleet.testing.procs import ProcGroup
 from fleet.testing.router import RouterHandle, start_router
 from fleet.testing.smallfs import SmallFs
+from fleet.testing.waits import wait_for
 
-FAST = {"controller": {"monitor_interval_s": 0.2}, "recovery": {"liveness_every": 2, "readmit_every": 2}}
-LEASE = ["--lease-ttl", "0.8", "--lease-renew-interval", "0.2", "--lease-safety-margin", "0.1"]
-STANDBY = [
-    "--standby-probe-interval",
-    "0.05",
-    "--standby-takeover-after",
-    "2",
-    "--standby-max-handoff-age",
-    "5",
+__all__ = [
+    "FAULTS",
+    "DrillResult",
+    "fault_off",
+    "fault_on",
+    "ha_pair",
+    "single_router",
 ]
 FAULTS = ("full", "read_only")
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 @dataclass
@@ -75,11 +63,6 @@ def drain(router: RouterHandle, iid: str, result: DrillResult) -> httpx.Response
     r = router.post("/narwhal/lifecycle/drain", {"engines": [iid], "deadline_s": 120}, control=True)
     (result.acked if r.status_code == 200 else result.refused).append(iid)
     return r
-
-
-def held(router: RouterHandle, iid: str) -> bool:
-    engine = router.get("/narwhal/lifecycle", control=True).json()["engines"][iid]
-    return engine["state"] != "active" and engine["accepts_new"] is False
 
 
 def _complete(router: RouterHandle) -> int:
@@ -115,13 +98,13 @@ def single_router(
         _observe(router, result, drain(router, "e0", result))
     finally:
         fault_off(fs, fault)
-    wait_for("state persisted again", lambda: router.get("/ready").json()["control_degraded"] == "")
+    wait_for(
+        "state persisted again", lambda: router.get("/ready").json()["control_degraded"] == "", timeout=30
+    )
     drain(router, "e0", result)
     router.proc.kill9()
     again = start_router(group, fleet, work, ["--resume"], name="single-resumed")
-    wait_for(
-        "resumed", lambda: "handoff applied" in again.proc.output() or "not applied" in again.proc.output()
-    )
+    wait_for("resumed", lambda: resumed(again), timeout=30)
     result.lost = [iid for iid in result.acked if not held(again, iid)]
     result.successor_epoch = again.get("/ready").json()["epoch"]
     again.proc.stop()
@@ -133,23 +116,12 @@ def ha_pair(group: ProcGroup, work: Path, sims: Sequence[SimEngine], fs: SmallFs
     ``fs``. The drain during the fault is acknowledged from the shared copy; the primary is killed
     and the standby must hold it."""
     result = DrillResult("ha", fault)
-    lease = ["--lease-path", str(work / "router.lease"), *LEASE]
-
-    def fleet_for(name: str) -> Path:
-        return write_fleet(
-            work, sims, name=f"{name}.fleet.json", state_path=str(fs.path / f"{name}.state.json"), extra=FAST
-        )
-
-    a = start_router(group, fleet_for("a"), work, [*lease, "--router-id", "a"], name="a", wait_ready=True)
-    b = start_router(
-        group, fleet_for("b"), work, [*lease, "--router-id", "b", "--standby-of", a.url, *STANDBY], name="b"
-    )
-    wait_for("standby mirror", lambda: (fs.path / "b.state.json").exists())
+    a, b = start_pair(group, work, sims, state_dir=fs.path)
     fault_on(fs, fault)
     try:
         _observe(a, result, drain(a, "e0", result))
         a.proc.kill9()
-        wait_for("standby takes over", lambda: b.get("/ready").json()["epoch"] >= 2, timeout=30)
+        wait_for("standby takes over", lambda: epoch_of(b) >= 2, timeout=30)
         result.lost = [iid for iid in result.acked if not held(b, iid)]
         result.successor_epoch = b.get("/ready").json()["epoch"]
     finally:

@@ -9,11 +9,13 @@ be stopped (``stop(i)``), restarted on the same ports and data dir (``start(i)``
 
 from __future__ import annotations
 
+import base64
 import shutil
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -175,61 +177,40 @@ class EtcdCluster:
             time.sleep(0.1)
         raise TimeoutError(f"no etcd leader after {timeout}s")
 
-    # -- direct KV access for assertions -------------------------------------------------------
-    def get(self, key: str) -> dict[str, object] | None:
-        """The key as the gateway returns it (value decoded to str), from any healthy member."""
-        import base64
-
-        body = {"key": base64.b64encode(key.encode()).decode()}
+    # -- direct KV access for assertions (etcd's JSON gateway, any live member) ---------------------
+    def _gateway(self, path: str, body: dict[str, object], what: str) -> dict[str, Any]:
+        """POST ``body`` to ``/v3/kv/<path>`` of the first live member that answers 200."""
         for m in self.members:
             if not m.alive():
                 continue
             try:
-                r = httpx.post(m.url + "/v3/kv/range", json=body, timeout=3.0, trust_env=False)
+                r = httpx.post(m.url + "/v3/kv/" + path, json=body, timeout=3.0, trust_env=False)
             except httpx.HTTPError:
                 continue
-            if r.status_code != 200:
-                continue
-            kvs = r.json().get("kvs", [])
-            if not kvs:
-                return None
-            kv = dict(kvs[0])
-            kv["value"] = base64.b64decode(kv.get("value", "")).decode("utf-8", "replace")
-            return kv
-        raise RuntimeError("no etcd member answered")
+            if r.status_code == 200:
+                doc: dict[str, Any] = r.json()
+                return doc
+        raise RuntimeError(f"no etcd member {what}")
+
+    def get(self, key: str) -> dict[str, object] | None:
+        """The key as the gateway returns it (value decoded to str), from any healthy member."""
+        kvs = self._gateway("range", {"key": _b64(key.encode())}, "answered").get("kvs", [])
+        if not kvs:
+            return None
+        kv = dict(kvs[0])
+        kv["value"] = base64.b64decode(kv.get("value", "")).decode("utf-8", "replace")
+        return kv
 
     def keys(self, prefix: str) -> list[str]:
         """Every key under ``prefix``, sorted."""
-        import base64
-
         end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-        body = {
-            "key": base64.b64encode(prefix.encode()).decode(),
-            "range_end": base64.b64encode(end.encode()).decode(),
-            "keys_only": True,
-        }
-        for m in self.members:
-            if not m.alive():
-                continue
-            try:
-                r = httpx.post(m.url + "/v3/kv/range", json=body, timeout=3.0, trust_env=False)
-            except httpx.HTTPError:
-                continue
-            if r.status_code == 200:
-                return sorted(base64.b64decode(kv["key"]).decode() for kv in r.json().get("kvs", []))
-        raise RuntimeError("no etcd member answered")
+        body = {"key": _b64(prefix.encode()), "range_end": _b64(end.encode()), "keys_only": True}
+        kvs = self._gateway("range", body, "answered").get("kvs", [])
+        return sorted(base64.b64decode(kv["key"]).decode() for kv in kvs)
 
     def put(self, key: str, value: bytes) -> None:
-        import base64
+        self._gateway("put", {"key": _b64(key.encode()), "value": _b64(value)}, "accepted the put")
 
-        body = {"key": base64.b64encode(key.encode()).decode(), "value": base64.b64encode(value).decode()}
-        for m in self.members:
-            if not m.alive():
-                continue
-            try:
-                r = httpx.post(m.url + "/v3/kv/put", json=body, timeout=3.0, trust_env=False)
-            except httpx.HTTPError:
-                continue
-            if r.status_code == 200:
-                return
-        raise RuntimeError("no etcd member accepted the put")
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()

@@ -25,6 +25,12 @@ import httpx
 from fleet.fleetgen import fleet_document, sim_command, supervisor_config
 from fleet.testing.procs import BIN, Proc, ProcGroup, free_port, script, wait_http
 
+# fleet-file settings for tests: a fast monitor and recovery sweeps (``write_fleet(..., extra=FAST)``)
+FAST: dict[str, Any] = {
+    "controller": {"monitor_interval_s": 0.2},
+    "recovery": {"liveness_every": 2, "readmit_every": 2},
+}
+
 
 @dataclass
 class SimEngine:

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from tests.integration.lifecycle_support import FAST, wait_for
 from tests.support.fleet import SimEngine, sim_stats, write_fleet
+from tests.support.lifecycle import FAST, running_threads, wait_for
 from tests.support.procs import ProcGroup
 from tests.support.router import RouterHandle, start_router
 
@@ -142,15 +142,8 @@ def replica_load(urls: list[str], workers: int = 6, max_requests: int = 20_000) 
                 if not good:
                     time.sleep(0.05)
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
-    for t in threads:
-        t.start()
-    try:
+    with running_threads(worker, workers, load.stop, join_timeout=60):
         yield load
-    finally:
-        load.stop.set()
-        for t in threads:
-            t.join(timeout=60)
 
 
 @dataclass

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tests.support.fleet import SimEngine, write_fleet
+from tests.support.waits import wait_for
 
 FAST: dict[str, Any] = {
     "engine": {"first_token_timeout_s": 1.0, "decode_read_timeout_s": 1.0, "health_timeout_s": 0.5},
@@ -32,14 +32,7 @@ def contract_free_fleet(tmp_path: Path, sims: list[SimEngine], **serving: Any) -
 
 
 def wait_until(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+    return wait_for(what, check, timeout=timeout)
 
 
 def terminal_sum(m: dict[str, float]) -> float:

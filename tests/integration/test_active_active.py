@@ -29,10 +29,10 @@ from tests.integration.active_active_support import (
     wait_serving,
 )
 from tests.integration.conftest import Temporal
-from tests.integration.lifecycle_support import wait_for
 from tests.integration.restart_support import new_fleet, plan, start, supervisor_restarts, until
 from tests.support.etcd import EtcdCluster
 from tests.support.fleet import process_start, start_sims, start_supervisor
+from tests.support.lifecycle import wait_for
 from tests.support.procs import proc_group
 
 pytestmark = pytest.mark.integration

@@ -17,9 +17,9 @@ import pytest
 
 from fleet.contract import DEFAULT_CONTRACT
 from router.attestation import contract_fingerprint
-from tests.integration.lifecycle_support import FAST, Stack, wait_for
 from tests.support.attest import engine_pids, restart_sidecar, start_sidecar, write_contract
 from tests.support.fleet import process_start, start_supervisor, write_fleet
+from tests.support.lifecycle import FAST, Stack, wait_for
 from tests.support.procs import proc_group
 from tests.support.router import start_router
 

@@ -2,8 +2,9 @@
 and the Temporal dev server during rolling restarts under client load must lose no lifecycle hold,
 duplicate no engine restart, and fail no client request that a fault does not explain.
 
-Runs ``bench/chaos.py --short`` as a real process (it owns and stops its own processes by PID; this
-test stops the drill by PID too, SIGTERM first so it can clean up) and reads its JSON report.
+Runs the drill (``fleet/chaos``) in its short configuration as a real process, ``python -m
+fleet.chaos --short`` (it owns and stops its own processes by PID; this test stops the drill by PID
+too, SIGTERM first so it can clean up) and reads its JSON report.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import REPO, ProcGroup
+from tests.support.procs import ProcGroup
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +32,8 @@ def test_short_chaos_drill(tmp_path: Path) -> None:
             "chaos",
             [
                 sys.executable,
-                str(REPO / "bench" / "chaos.py"),
+                "-m",
+                "fleet.chaos",
                 "--short",
                 "--seed",
                 "3",

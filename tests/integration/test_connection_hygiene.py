@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.lifecycle_support import wait_for
 from tests.support.fleet import start_sims, write_fleet
+from tests.support.lifecycle import wait_for
 from tests.support.procs import ProcGroup, free_port, proc_group, script, wait_http
 from tests.support.router import RouterHandle
 

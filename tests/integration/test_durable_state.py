@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from tests.support import durability
-from tests.support.fleet import start_sims, write_fleet
+from tests.support.fleet import start_sims
+from tests.support.ha import LEASE_TTL_S, ha_router, start_pair
 from tests.support.procs import proc_group
-from tests.support.router import start_router
 from tests.support.smallfs import SmallFs, small_tmpfs
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -71,27 +72,26 @@ def test_router_that_lost_its_lease_to_a_local_error_claims_again_when_it_clears
 ) -> None:
     """The lease directory turns read-only for longer than the lease: renewals fail (EROFS), the
     router stops controlling; once it is writable again the router claims again — no restart."""
-    lease = ["--lease-path", str(fs.path / "router.lease"), "--router-id", "a", *durability.LEASE]
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 2, roles=["prefill", "decode"], itl_ms=2)
-        fleet = write_fleet(tmp_path, sims, state_path=str(tmp_path / "a.state.json"), extra=durability.FAST)
-        router = start_router(group, fleet, tmp_path, lease, name="a", wait_ready=True)
+        router = ha_router(group, tmp_path, sims, "a", lease_path=fs.path / "router.lease", wait_ready=True)
         assert router.get("/ready").json()["epoch"] == 1
         fs.read_only()
         try:
-            durability.wait_for(
+            wait_for(
                 "control lost to the local error",
                 lambda: router.get("/ready").json()["reason"].startswith("lease renewal failing: "),
+                timeout=30,
             )
             assert "Read-only file system" in router.get("/ready").json()["reason"]
             assert "lease renewal error (retrying within validity)" in router.proc.output()
             # the record on disk (readable, not renewable) must have expired before the fault
             # clears, or the router's re-claim of its own unexpired record keeps epoch 1
             expires = float(json.loads((fs.path / "router.lease").read_text())["expires_at"])
-            durability.wait_for("the lease record expired", lambda: time.time() > expires + 0.2)
+            wait_for("the lease record expired", lambda: time.time() > expires + 0.2, timeout=30)
         finally:
             fs.read_write()
-        durability.wait_for("claimed again", lambda: router.get("/ready").status_code == 200)
+        wait_for("claimed again", lambda: router.get("/ready").status_code == 200, timeout=30)
         ready = router.get("/ready").json()
         assert ready["epoch"] == 2 and ready["control_ready"] is True  # the record had expired
         assert "lease claimed again: epoch 2" in router.proc.output()
@@ -109,24 +109,14 @@ def test_full_lease_directory_degrades_control_but_keeps_the_lease_and_serving(
     lease_path = fs.path / "router.lease"
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 3, itl_ms=2)
-        routers = []
-        for name, extra in (("a", []), ("b", ["--standby-of", "", *durability.STANDBY])):
-            fleet = write_fleet(
-                tmp_path, sims, name=f"{name}.fleet.json", state_path=str(tmp_path / f"{name}.state.json"),
-                extra=durability.FAST,
-            )  # fmt: skip
-            if extra:
-                extra[1] = routers[0].url
-            args = ["--lease-path", str(lease_path), "--router-id", name, *durability.LEASE, *extra]
-            routers.append(start_router(group, fleet, tmp_path, args, name=name, wait_ready=not extra))
-        a, b = routers
-        durability.wait_for("standby mirror", lambda: (tmp_path / "b.state.json").exists())
+        a, b = start_pair(group, tmp_path, sims, lease_path=lease_path)
         fs.fill()
         try:
             filled = json.loads(lease_path.read_text())["updated_at"]
-            durability.wait_for(  # several TTLs of renewals on the full disk
+            wait_for(  # several TTLs of renewals on the full disk
                 "renewals on a full disk",
-                lambda: _updated_at(lease_path) > filled + 3 * 0.8,
+                lambda: _updated_at(lease_path) > filled + 3 * LEASE_TTL_S,
+                timeout=60,
             )
             r = a.post("/narwhal/lifecycle/drain", {"engines": ["e0"], "deadline_s": 60})
             assert r.status_code == 503 and "No space left on device" in r.json()["error"]
@@ -138,7 +128,9 @@ def test_full_lease_directory_degrades_control_but_keeps_the_lease_and_serving(
             assert b.get("/ready").json()["epoch"] == 0 and "TAKEOVER" not in b.proc.output()
         finally:
             fs.free()
-        durability.wait_for("state persisted again", lambda: a.get("/ready").json()["control_degraded"] == "")
+        wait_for(
+            "state persisted again", lambda: a.get("/ready").json()["control_degraded"] == "", timeout=30
+        )
         r = a.post("/narwhal/lifecycle/drain", {"engines": ["e0"], "deadline_s": 60})
         assert r.status_code == 200, r.text
         assert a.get("/ready").json()["epoch"] == 1

@@ -12,25 +12,29 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.etcd_support import (
+from tests.support.etcd import EtcdCluster
+from tests.support.etcd_ha import (
+    etcd_pair,
+    etcd_router,
+    etcd_standby,
+    key,
+    proxied,
+    proxy_endpoints,
+    stored_handoff,
+)
+from tests.support.fleet import restart_sim, start_sims
+from tests.support.ha import (
     NOT_CONTROLLING,
-    STANDBY,
     controls,
     drain,
     engine_state,
     epoch_of,
-    etcd_router,
     held,
-    key,
     ready,
-    stored_handoff,
     wait_controls,
 )
-from tests.integration.lifecycle_support import wait_for
-from tests.support.etcd import EtcdCluster
-from tests.support.fleet import restart_sim, start_sims
 from tests.support.procs import proc_group
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -44,8 +48,7 @@ def test_claim_shadow_and_acknowledged_drains_survive_repeated_kill9(
     eps = etcd_cluster.endpoints
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 3, itl_ms=5)
-        a = etcd_router(group, tmp_path, sims, "a", eps, etcd_prefix, wait_ready=True)
-        b = etcd_router(group, tmp_path, sims, "b", eps, etcd_prefix, "--standby-of", a.url, *STANDBY)
+        a, b = etcd_pair(group, tmp_path, sims, eps, etcd_prefix)
         status, body = ready(a)
         assert status == 200 and body["epoch"] >= 1 and body["holder"].startswith("router-a:")
         assert ready(b) == (503, ready(b)[1]) and ready(b)[1]["reason"] == "shadowing"
@@ -88,11 +91,8 @@ def test_claim_shadow_and_acknowledged_drains_survive_repeated_kill9(
             )
             assert not controls(back) and controls(standby_r)
             back.proc.stop()
-            # ... and rejoins as the standby of the new holder
-            back = etcd_router(
-                group, tmp_path, sims, name, eps, etcd_prefix, "--standby-of", standby_r.url, *STANDBY
-            )
-            wait_for("standby shadowing", lambda back=back: ready(back)[1].get("reason") == "shadowing")
+            # ... and rejoins as the standby of the new holder (shadowing)
+            back = etcd_standby(group, tmp_path, sims, name, eps, etcd_prefix, standby_r)
             holder_r, standby_r, names = standby_r, back, (names[1], names[0])
         assert epoch_of(holder_r) >= 4
 
@@ -103,9 +103,7 @@ def test_sigstop_past_the_ttl_cannot_acknowledge_or_overwrite(
     eps = etcd_cluster.endpoints
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 3, itl_ms=5)
-        a = etcd_router(group, tmp_path, sims, "a", eps, etcd_prefix, wait_ready=True)
-        b = etcd_router(group, tmp_path, sims, "b", eps, etcd_prefix, "--standby-of", a.url, *STANDBY)
-        wait_for("standby shadowing", lambda: ready(b)[1].get("reason") == "shadowing")
+        a, b = etcd_pair(group, tmp_path, sims, eps, etcd_prefix)
         assert drain(a, "e0").status_code == 200
         a_holder = ready(a)[1]["holder"]
         a.proc.signal(signal.SIGSTOP)
@@ -158,26 +156,20 @@ def test_resume_reads_the_handoff_from_etcd(
 def test_etcd_unreachable_at_start_then_back(
     tmp_path: Path, etcd_cluster: EtcdCluster, etcd_prefix: str
 ) -> None:
-    proxies = [TcpProxy(m.client_port) for m in etcd_cluster.members]
-    for p in proxies:
-        p.cut()
-    try:
-        with proc_group(tmp_path) as group:
-            sims = start_sims(group, 2, itl_ms=5)
-            eps = ",".join(p.url for p in proxies)
-            a = etcd_router(group, tmp_path, sims, "a", eps, etcd_prefix)
-            wait_for("not ready, naming etcd", lambda: "etcd unavailable" in ready(a)[1].get("reason", ""))
-            assert ready(a)[0] == 503
-            assert a.get("/health").status_code == 200
-            assert drain(a, "e0").status_code == 503
-            for p in proxies:
-                p.restore()
-            wait_controls(a, timeout=60)
-            assert epoch_of(a) >= 1
-            assert "Traceback" not in a.proc.output()
-    finally:
+    with proxied(etcd_cluster) as proxies, proc_group(tmp_path) as group:
         for p in proxies:
-            p.close()
+            p.cut()
+        sims = start_sims(group, 2, itl_ms=5)
+        a = etcd_router(group, tmp_path, sims, "a", proxy_endpoints(proxies), etcd_prefix)
+        wait_for("not ready, naming etcd", lambda: "etcd unavailable" in ready(a)[1].get("reason", ""))
+        assert ready(a)[0] == 503
+        assert a.get("/health").status_code == 200
+        assert drain(a, "e0").status_code == 503
+        for p in proxies:
+            p.restore()
+        wait_controls(a, timeout=60)
+        assert epoch_of(a) >= 1
+        assert "Traceback" not in a.proc.output()
 
 
 @pytest.mark.parametrize(

@@ -8,32 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.etcd_support import (
-    STANDBY,
-    TTL_PLUS_MARGIN,
-    controls,
-    drain,
-    epoch_of,
-    etcd_router,
-    held,
-    ready,
-    wait_controls,
-)
-from tests.integration.lifecycle_support import wait_for
 from tests.support.etcd import EtcdCluster
+from tests.support.etcd_ha import TTL_PLUS_MARGIN, etcd_pair, proxied, proxy_endpoints
 from tests.support.fleet import start_sims
+from tests.support.ha import controller, controls, drain, epoch_of, held, ready, wait_controls
 from tests.support.procs import proc_group
-from tests.support.router import RouterHandle
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def _controller(*routers: RouterHandle) -> RouterHandle | None:
-    for r in routers:
-        if controls(r):
-            return r
-    return None
 
 
 def test_killing_the_etcd_leader_costs_no_control(
@@ -42,15 +24,13 @@ def test_killing_the_etcd_leader_costs_no_control(
     eps = private_etcd.endpoints
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 3, itl_ms=5)
-        a = etcd_router(group, tmp_path, sims, "a", eps, etcd_prefix, wait_ready=True)
-        b = etcd_router(group, tmp_path, sims, "b", eps, etcd_prefix, "--standby-of", a.url, *STANDBY)
-        wait_for("standby shadowing", lambda: ready(b)[1].get("reason") == "shadowing")
+        a, b = etcd_pair(group, tmp_path, sims, eps, etcd_prefix)
         assert drain(a, "e0").status_code == 200
         leader = private_etcd.wait_leader()
         private_etcd.stop(leader)
         private_etcd.wait_leader(other_than=leader)
         # control continues: at most one takeover, the hold intact, mutations acknowledged again
-        holder = wait_for("a router controls", lambda: _controller(a, b), timeout=60)
+        holder = wait_for("a router controls", lambda: controller(a, b), timeout=60)
         assert epoch_of(holder) <= 2
         assert held(holder, "e0")
         r = holder.post("/narwhal/lifecycle/readmit", {"engines": ["e1"]}, timeout=60)
@@ -66,9 +46,7 @@ def test_quorum_loss_fences_every_router_and_quorum_return_restores_control(
     eps = private_etcd.endpoints
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 3, itl_ms=5)
-        a = etcd_router(group, tmp_path, sims, "a", eps, etcd_prefix, wait_ready=True)
-        b = etcd_router(group, tmp_path, sims, "b", eps, etcd_prefix, "--standby-of", a.url, *STANDBY)
-        wait_for("standby shadowing", lambda: ready(b)[1].get("reason") == "shadowing")
+        a, b = etcd_pair(group, tmp_path, sims, eps, etcd_prefix)
         assert drain(a, "e0").status_code == 200
         lost_at = time.monotonic()
         private_etcd.stop(0)
@@ -88,7 +66,7 @@ def test_quorum_loss_fences_every_router_and_quorum_return_restores_control(
         private_etcd.start(0, wait=False)
         private_etcd.start(1, wait=False)
         private_etcd.wait_healthy(timeout=60)
-        holder = wait_for("a router controls again", lambda: _controller(a, b), timeout=60)
+        holder = wait_for("a router controls again", lambda: controller(a, b), timeout=60)
         assert epoch_of(holder) >= 2
         assert held(holder, "e0")
         assert not held(holder, "e1")  # the refused drain was never applied
@@ -99,40 +77,23 @@ def test_quorum_loss_fences_every_router_and_quorum_return_restores_control(
 def test_partition_between_the_primary_and_etcd_behaves_like_a_kill(
     tmp_path: Path, etcd_cluster: EtcdCluster, etcd_prefix: str
 ) -> None:
-    proxies = [TcpProxy(m.client_port) for m in etcd_cluster.members]
-    try:
-        with proc_group(tmp_path) as group:
-            sims = start_sims(group, 3, itl_ms=5)
-            a_eps = ",".join(p.url for p in proxies)
-            a = etcd_router(group, tmp_path, sims, "a", a_eps, etcd_prefix, wait_ready=True)
-            b = etcd_router(
-                group,
-                tmp_path,
-                sims,
-                "b",
-                etcd_cluster.endpoints,
-                etcd_prefix,
-                "--standby-of",
-                a.url,
-                *STANDBY,
-            )
-            wait_for("standby shadowing", lambda: ready(b)[1].get("reason") == "shadowing")
-            assert drain(a, "e0").status_code == 200
-            for p in proxies:
-                p.cut()
-            wait_for("a fenced", lambda: not controls(a), timeout=TTL_PLUS_MARGIN + 30)
-            assert a.post("/narwhal/lifecycle/readmit", {"engines": ["e0"]}, timeout=60).status_code == 503
-            wait_controls(b, timeout=60)
-            assert epoch_of(b) == 2 and held(b, "e0")
-            for p in proxies:
-                p.restore()
-            # a sees etcd again: the lease is b's, a stays out
-            wait_for(
-                "a refused after the partition",
-                lambda: ready(a)[1].get("reason") == "lease held by another router",
-                timeout=60,
-            )
-            assert controls(b) and not controls(a)
-    finally:
+    with proxied(etcd_cluster) as proxies, proc_group(tmp_path) as group:
+        sims = start_sims(group, 3, itl_ms=5)
+        eps = etcd_cluster.endpoints
+        a, b = etcd_pair(group, tmp_path, sims, eps, etcd_prefix, primary_endpoints=proxy_endpoints(proxies))
+        assert drain(a, "e0").status_code == 200
         for p in proxies:
-            p.close()
+            p.cut()
+        wait_for("a fenced", lambda: not controls(a), timeout=TTL_PLUS_MARGIN + 30)
+        assert a.post("/narwhal/lifecycle/readmit", {"engines": ["e0"]}, timeout=60).status_code == 503
+        wait_controls(b, timeout=60)
+        assert epoch_of(b) == 2 and held(b, "e0")
+        for p in proxies:
+            p.restore()
+        # a sees etcd again: the lease is b's, a stays out
+        wait_for(
+            "a refused after the partition",
+            lambda: ready(a)[1].get("reason") == "lease held by another router",
+            timeout=60,
+        )
+        assert controls(b) and not controls(a)

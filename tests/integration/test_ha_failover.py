@@ -1,7 +1,8 @@
 """HA against real processes and signals: lease fencing, warm-standby takeover, --resume.
 
-Short lease timings (ttl 2 s, renew 0.3, margin 0.4 — short, yet not lost to a loaded 2-core host; probe 0.05 s, takeover after 2 misses).
-Every process is stopped by PID through ``proc_group``.
+Lease and standby timings are ``fleet.testing.ha``'s (a 2 s lease, renewed every 0.3 s; the standby
+probes every 0.05 s and takes over after 2 misses). Every process is stopped by PID through
+``proc_group``.
 """
 
 from __future__ import annotations
@@ -10,57 +11,29 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.lifecycle_support import wait_for
-from tests.support.fleet import SimEngine, start_sims, write_fleet
-from tests.support.procs import ProcGroup, proc_group
-from tests.support.router import RouterHandle, start_router
+from tests.support.fleet import FAST, start_sims
+from tests.support.ha import (
+    NOT_CONTROLLING,
+    ha_router,
+    sigstop_outside_lease_lock,
+    standby_router,
+    start_pair,
+    state_file,
+)
+from tests.support.lifecycle import running_threads
+from tests.support.procs import proc_group
+from tests.support.router import RouterHandle
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
-
-FAST = {"controller": {"monitor_interval_s": 0.2}, "recovery": {"liveness_every": 2, "readmit_every": 2}}
-LEASE = ["--lease-ttl", "2.0", "--lease-renew-interval", "0.3", "--lease-safety-margin", "0.4"]
-STANDBY = [
-    "--standby-probe-interval",
-    "0.05",
-    "--standby-takeover-after",
-    "2",
-    "--standby-max-handoff-age",
-    "5",
-]
-NOT_CONTROLLING = "this router does not control the fleet"
-
-
-def _fleet(tmp_path: Path, sims: Sequence[SimEngine], name: str) -> Path:
-    return write_fleet(
-        tmp_path, sims, name=f"{name}.fleet.json", state_path=str(tmp_path / f"{name}.state.json"), extra=FAST
-    )
-
-
-def _router(
-    group: ProcGroup, tmp_path: Path, sims: Sequence[SimEngine], name: str, *args: str, **kw: Any
-) -> RouterHandle:
-    lease = ["--lease-path", str(tmp_path / "router.lease"), "--router-id", f"router-{name}", *LEASE]
-    return start_router(group, _fleet(tmp_path, sims, name), tmp_path, [*lease, *args], name=name, **kw)
-
-
-def _standby(
-    group: ProcGroup, tmp_path: Path, sims: Sequence[SimEngine], primary: RouterHandle
-) -> RouterHandle:
-    return _router(group, tmp_path, sims, "b", "--standby-of", primary.url, *STANDBY)
-
-
-def _state_file(tmp_path: Path, name: str) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads((tmp_path / f"{name}.state.json").read_text())
-    return doc
 
 
 def _complete(url: str) -> httpx.Response:
@@ -112,15 +85,8 @@ def failover_load(urls: list[str], workers: int = 4) -> Iterator[FailoverLoad]:
                 if not served_by:
                     time.sleep(0.05)
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
-    for t in threads:
-        t.start()
-    try:
+    with running_threads(worker, workers, load.stop):
         yield load
-    finally:
-        load.stop.set()
-        for t in threads:
-            t.join(timeout=30)
 
 
 def _drain(router: RouterHandle, iid: str) -> None:
@@ -134,10 +100,10 @@ def _drain(router: RouterHandle, iid: str) -> None:
 def test_kill9_primary_mid_stream_standby_takes_over(tmp_path: Path) -> None:
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 3, itl_ms=20)
-        a = _router(group, tmp_path, sims, "a", wait_ready=True)
+        a = ha_router(group, tmp_path, sims, "a", wait_ready=True)
         assert a.get("/ready").json()["epoch"] == 1
         _drain(a, "e2")
-        b = _standby(group, tmp_path, sims, a)
+        b = standby_router(group, tmp_path, sims, a)
         assert b.get("/health").json()["status"] == "standby"
         ready = b.get("/ready")
         assert ready.status_code == 503 and ready.json()["reason"] == "shadowing"
@@ -145,8 +111,8 @@ def test_kill9_primary_mid_stream_standby_takes_over(tmp_path: Path) -> None:
         with failover_load([a.url, b.url]) as load:
             wait_for("traffic on the primary", lambda: load.ok >= 12)
             # the standby mirrors the primary's lease-validated handoff in its own state file ...
-            wait_for("standby mirror", lambda: _state_file(tmp_path, "b")["counters"]["served"] >= 10)
-            mirrored = _state_file(tmp_path, "b")
+            wait_for("standby mirror", lambda: state_file(tmp_path, "b")["counters"]["served"] >= 10)
+            mirrored = state_file(tmp_path, "b")
             assert mirrored["epoch"] == 1 and mirrored["holder"] == a.get("/ready").json()["holder"]
             # ... while its own state stays fresh (epoch 0, nothing served)
             own = b.get("/narwhal/handoff").json()
@@ -181,9 +147,7 @@ def test_drain_acknowledged_after_the_standbys_last_poll_survives_takeover(tmp_p
     because the holder writes its handoff beside the shared lease before answering the drain."""
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 3, itl_ms=5)
-        a = _router(group, tmp_path, sims, "a", wait_ready=True)
-        b = _standby(group, tmp_path, sims, a)
-        wait_for("standby mirror", lambda: (tmp_path / "b.state.json").exists())
+        a, b = start_pair(group, tmp_path, sims)
         b.proc.signal(signal.SIGSTOP)  # from here on the standby's snapshot predates the drain
         try:
             r = a.post("/narwhal/lifecycle/drain", {"engines": ["e1"], "deadline_s": 120})
@@ -193,7 +157,7 @@ def test_drain_acknowledged_after_the_standbys_last_poll_survives_takeover(tmp_p
             a.proc.kill9()
         finally:
             b.proc.signal(signal.SIGCONT)
-        assert _state_file(tmp_path, "b")["lifecycle"]["records"] == []  # the poll never saw the drain
+        assert state_file(tmp_path, "b")["lifecycle"]["records"] == []  # the poll never saw the drain
         wait_for("standby takes over", lambda: b.get("/ready").status_code == 200, timeout=15)
         e1 = b.get("/narwhal/lifecycle").json()["engines"]["e1"]
         assert e1["state"] in ("draining", "drained") and e1["accepts_new"] is False
@@ -207,24 +171,8 @@ def test_standby_polls_with_the_control_token_when_reads_are_protected(tmp_path:
     extra = {**FAST, "control": {"token_env": "NARWHAL_HA_TEST_TOKEN", "protect_reads": True}}
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 2, itl_ms=5)
-        routers = []
-        for name, args in (("a", []), ("b", ["--standby-of", "", *STANDBY])):
-            fleet = write_fleet(
-                tmp_path,
-                sims,
-                name=f"{name}.fleet.json",
-                state_path=str(tmp_path / f"{name}.state.json"),
-                extra=extra,
-            )
-            lease = ["--lease-path", str(tmp_path / "router.lease"), "--router-id", f"router-{name}", *LEASE]
-            if args:
-                args[1] = routers[0].url
-            routers.append(
-                start_router(group, fleet, tmp_path, [*lease, *args], name=name, env=env, wait_ready=not args)
-            )
-        a, b = routers
+        a, b = start_pair(group, tmp_path, sims, extra=extra, env=env)  # the standby's polls are authorised
         assert httpx.get(a.url + "/narwhal/handoff", timeout=5).status_code == 401
-        wait_for("standby mirror", lambda: (tmp_path / "b.state.json").exists())  # its polls are authorised
         a.proc.kill9()
         wait_for("standby takes over", lambda: b.get("/ready").status_code == 200, timeout=15)
         assert b.get("/ready").json()["epoch"] == 2
@@ -233,11 +181,9 @@ def test_standby_polls_with_the_control_token_when_reads_are_protected(tmp_path:
 def test_sigstop_past_the_lease_fences_the_old_primary(tmp_path: Path) -> None:
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 3, itl_ms=5)
-        a = _router(group, tmp_path, sims, "a", wait_ready=True)
+        a, b = start_pair(group, tmp_path, sims)
         assert _complete(a.url).status_code == 200
-        b = _standby(group, tmp_path, sims, a)
-        wait_for("standby mirror", lambda: (tmp_path / "b.state.json").exists())
-        a.proc.signal(signal.SIGSTOP)
+        sigstop_outside_lease_lock(a, tmp_path / "router.lease")
         try:
             wait_for("standby takes over", lambda: b.get("/ready").status_code == 200, timeout=15)
             primary_file = (tmp_path / "a.state.json").read_bytes()
@@ -269,7 +215,7 @@ def test_sigstop_past_the_lease_fences_the_old_primary(tmp_path: Path) -> None:
 def test_sigterm_then_resume_restores_counters_roles_ejections_and_holds(tmp_path: Path) -> None:
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 4, roles=["prefill", "prefill", "decode", "decode"], itl_ms=2)
-        a = _router(group, tmp_path, sims, "a", wait_ready=True)
+        a = ha_router(group, tmp_path, sims, "a", wait_ready=True)
         for _ in range(6):
             assert _complete(a.url).status_code == 200
         _drain(a, "e3")
@@ -280,13 +226,13 @@ def test_sigterm_then_resume_restores_counters_roles_ejections_and_holds(tmp_pat
         before = a.get("/narwhal/handoff").json()
         a.proc.stop()  # SIGTERM: final snapshot, lease released
         assert "Traceback" not in a.proc.log_path.read_text()
-        saved = _state_file(tmp_path, "a")
+        saved = state_file(tmp_path, "a")
         assert saved["counters"]["served"] == before["counters"]["served"] == 6
         assert saved["ejected"] == ["e1"] and saved["epoch"] == 1
         # an operator-visible role change made while the router was down is what resume must restore
         saved["roles"]["e2"] = "prefill"
         (tmp_path / "a.state.json").write_text(json.dumps(saved))
-        again = _router(group, tmp_path, sims, "a", "--resume")
+        again = ha_router(group, tmp_path, sims, "a", "--resume")
         wait_for(
             "identities validated",
             lambda: again.get("/ready").json()["reason"] != "engine identity validation pending",
@@ -307,7 +253,7 @@ def test_sigterm_then_resume_restores_counters_roles_ejections_and_holds(tmp_pat
 def test_unusable_state_file_is_refused_without_partial_application(tmp_path: Path, kind: str) -> None:
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 2, itl_ms=2)
-        a = _router(group, tmp_path, sims, "a", wait_ready=True)
+        a = ha_router(group, tmp_path, sims, "a", wait_ready=True)
         assert _complete(a.url).status_code == 200
         a.proc.stop()
         path = tmp_path / "a.state.json"
@@ -328,7 +274,7 @@ def test_unusable_state_file_is_refused_without_partial_application(tmp_path: Pa
         path.write_bytes(content)
         # the same damage in the shared copy beside the lease (a valid one there would be resumed)
         (tmp_path / "router.lease.handoff.json").write_bytes(content)
-        again = _router(group, tmp_path, sims, "a", "--resume")
+        again = ha_router(group, tmp_path, sims, "a", "--resume")
         ready = again.get("/ready")
         assert ready.status_code == 503
         assert ready.json()["reason"].startswith(f"whole-wave restart required: handoff rejected: {reason}")

@@ -6,83 +6,41 @@ the state and lease directories are refused, never followed."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.integration.lifecycle_support import wait_for
-from tests.support.fleet import SimEngine, start_sims, write_fleet
-from tests.support.procs import ProcGroup, proc_group
-from tests.support.router import RouterHandle, start_router
+from tests.support.fleet import start_sims
+from tests.support.ha import engine_state, epoch_of, ha_router, held, resumed, start_pair
+from tests.support.procs import proc_group
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
-
-FAST = {"controller": {"monitor_interval_s": 0.2}, "recovery": {"liveness_every": 2, "readmit_every": 2}}
-LEASE = ["--lease-ttl", "0.8", "--lease-renew-interval", "0.2", "--lease-safety-margin", "0.1"]
-STANDBY = [
-    "--standby-probe-interval",
-    "0.05",
-    "--standby-takeover-after",
-    "2",
-    "--standby-max-handoff-age",
-    "5",
-]
-
-
-def _router(
-    group: ProcGroup, tmp: Path, sims: Sequence[SimEngine], name: str, *args: str, **kw: Any
-) -> RouterHandle:
-    fleet = write_fleet(
-        tmp, sims, name=f"{name}.fleet.json", state_path=str(tmp / f"{name}.state.json"), extra=FAST
-    )
-    lease = ["--lease-path", str(tmp / "router.lease"), "--router-id", f"router-{name}", *LEASE]
-    return start_router(group, fleet, tmp, [*lease, *args], name=name, **kw)
-
-
-def _engine(router: RouterHandle, iid: str) -> dict[str, Any]:
-    doc: dict[str, Any] = router.get("/narwhal/lifecycle").json()["engines"][iid]
-    return doc
-
-
-def _epoch(router: RouterHandle) -> int:
-    epoch: int = router.get("/ready").json()["epoch"]
-    return epoch
-
-
-def _resumed(router: RouterHandle) -> bool:
-    out = router.proc.output()
-    return "handoff applied" in out or "handoff not applied" in out
 
 
 @pytest.mark.parametrize("first", ["a", "b"])
 def test_both_routers_down_then_either_resumes_the_newest_state(tmp_path: Path, first: str) -> None:
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 3, itl_ms=2)
-        a = _router(group, tmp_path, sims, "a", wait_ready=True)
-        b = _router(group, tmp_path, sims, "b", "--standby-of", a.url, *STANDBY)
-        wait_for("standby mirror", lambda: (tmp_path / "b.state.json").exists())
+        a, b = start_pair(group, tmp_path, sims)
         a.proc.kill9()
-        wait_for("b takes over", lambda: _epoch(b) == 2, timeout=30)
+        wait_for("b takes over", lambda: epoch_of(b) == 2, timeout=30)
         r = b.post("/narwhal/lifecycle/drain", {"engines": ["e2"], "deadline_s": 120})
         assert r.status_code == 200, r.text  # acknowledged by the epoch-2 holder only
         b.proc.stop()  # both routers are down now; a.state.json still holds epoch 1
         assert json.loads((tmp_path / "a.state.json").read_text())["epoch"] == 1
         second = "b" if first == "a" else "a"
-        one = _router(group, tmp_path, sims, first, "--resume")
-        wait_for("first resume", lambda: _resumed(one))
+        one = ha_router(group, tmp_path, sims, first, "--resume")
+        wait_for("first resume", lambda: resumed(one))
         assert "handoff applied" in one.proc.output(), one.proc.output()[-2000:]
-        assert _epoch(one) == 3  # above every epoch seen, never a whole-wave hold
-        assert (
-            _engine(one, "e2")["state"] in ("draining", "drained") and not _engine(one, "e2")["accepts_new"]
-        )
+        assert epoch_of(one) == 3  # above every epoch seen, never a whole-wave hold
+        assert held(one, "e2")
         one.proc.stop()
-        two = _router(group, tmp_path, sims, second, "--resume")
-        wait_for("second resume", lambda: _resumed(two))
+        two = ha_router(group, tmp_path, sims, second, "--resume")
+        wait_for("second resume", lambda: resumed(two))
         assert "handoff applied" in two.proc.output(), two.proc.output()[-2000:]
-        assert _epoch(two) == 4
-        assert _engine(two, "e2")["state"] in ("draining", "drained")
+        assert epoch_of(two) == 4
+        assert engine_state(two, "e2")["state"] in ("draining", "drained")
         assert two.get("/ready").json()["reason"] != "whole-wave restart required"
 
 
@@ -90,9 +48,7 @@ def test_corrupt_lease_is_rewritten_by_its_holder_and_recovered_by_the_standby(t
     lease_path = tmp_path / "router.lease"
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 3, itl_ms=2)
-        a = _router(group, tmp_path, sims, "a", wait_ready=True)
-        b = _router(group, tmp_path, sims, "b", "--standby-of", a.url, *STANDBY)
-        wait_for("standby mirror", lambda: (tmp_path / "b.state.json").exists())
+        a, b = start_pair(group, tmp_path, sims)
         lease_path.write_text('{"epoch": 1, "holder": ')  # torn record while the holder is alive
         wait_for(
             "holder rewrites the record",
@@ -100,14 +56,14 @@ def test_corrupt_lease_is_rewritten_by_its_holder_and_recovered_by_the_standby(t
         )
         assert json.loads(lease_path.read_text())["epoch"] == 1  # parses again, same epoch
         assert "lease record recovered: lease record is not valid JSON" in a.proc.output()
-        assert _epoch(a) == 1 and a.get("/ready").status_code == 200
+        assert epoch_of(a) == 1 and a.get("/ready").status_code == 200
         assert b.get("/ready").json()["reason"] in ("shadowing", "")  # never a second controller
         assert "TAKEOVER" not in b.proc.output()
         # now the holder dies and the record is corrupt: the standby waits it out, claims above it
         a.proc.kill9()
         lease_path.write_bytes(b"\x00garbage")
-        wait_for("standby takes over", lambda: _epoch(b) >= 2, timeout=30)
-        assert _epoch(b) == 2
+        wait_for("standby takes over", lambda: epoch_of(b) >= 2, timeout=30)
+        assert epoch_of(b) == 2
         assert "standby: lease record recovered" in b.proc.output()
         assert json.loads(lease_path.read_text())["epoch"] == 2
 
@@ -116,23 +72,21 @@ def test_deleted_lease_is_claimed_above_every_epoch_seen(tmp_path: Path) -> None
     lease_path = tmp_path / "router.lease"
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 3, itl_ms=2)
-        a = _router(group, tmp_path, sims, "a", wait_ready=True)
-        b = _router(group, tmp_path, sims, "b", "--standby-of", a.url, *STANDBY)
-        wait_for("standby mirror", lambda: (tmp_path / "b.state.json").exists())
+        a, b = start_pair(group, tmp_path, sims)
         r = a.post("/narwhal/lifecycle/drain", {"engines": ["e1"], "deadline_s": 120})
         assert r.status_code == 200, r.text
         a.proc.kill9()
         lease_path.unlink()
-        wait_for("standby takes over", lambda: _epoch(b) >= 2, timeout=30)
-        assert _epoch(b) == 2  # not 1: the epoch never restarts
+        wait_for("standby takes over", lambda: epoch_of(b) >= 2, timeout=30)
+        assert epoch_of(b) == 2  # not 1: the epoch never restarts
         assert "cannot precede" not in b.proc.output()
-        assert _engine(b, "e1")["state"] in ("draining", "drained")
+        assert engine_state(b, "e1")["state"] in ("draining", "drained")
         b.proc.stop()
         # and a fresh start on the deleted lease still claims above every handoff epoch it can read
         lease_path.unlink()
-        c = _router(group, tmp_path, sims, "a", "--resume", wait_ready=False)
-        wait_for("resume", lambda: _resumed(c))
-        assert _epoch(c) == 3 and _engine(c, "e1")["state"] in ("draining", "drained")
+        c = ha_router(group, tmp_path, sims, "a", "--resume", wait_ready=False)
+        wait_for("resume", lambda: resumed(c))
+        assert epoch_of(c) == 3 and engine_state(c, "e1")["state"] in ("draining", "drained")
 
 
 def test_planted_symlinks_are_refused_and_nothing_outside_is_written(tmp_path: Path) -> None:
@@ -150,7 +104,7 @@ def test_planted_symlinks_are_refused_and_nothing_outside_is_written(tmp_path: P
     before = {p.name: p.read_bytes() for p in outside.iterdir()}
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 3, itl_ms=2)
-        a = _router(group, tmp_path, sims, "a", "--resume")
+        a = ha_router(group, tmp_path, sims, "a", "--resume")
         wait_for(
             "the lock symlink is named",
             lambda: (
@@ -160,7 +114,7 @@ def test_planted_symlinks_are_refused_and_nothing_outside_is_written(tmp_path: P
         )
         assert not a.get("/ready").json()["control_ready"]  # no lease through a planted lock link
         (tmp_path / "router.lease.lock").unlink()  # the operator removes it: claimed, resumed
-        wait_for("resume", lambda: _resumed(a), timeout=30)
+        wait_for("resume", lambda: resumed(a), timeout=30)
         out = a.proc.output()
         assert "handoff file symlink" in out and "is a symbolic link (refused, not followed)" in out
         assert "refused state file not copied" in out

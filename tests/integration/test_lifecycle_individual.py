@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.lifecycle_support import client_load, start_stack, wait_for
 from tests.support.fleet import process_start, reset_faults, set_fault
+from tests.support.lifecycle import client_load, start_stack, wait_for
 from tests.support.procs import proc_group
 
 pytestmark = pytest.mark.integration

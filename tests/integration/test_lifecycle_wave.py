@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.lifecycle_support import Stack, start_stack, wait_for
 from tests.support.fleet import reset_faults, set_fault
+from tests.support.lifecycle import Stack, start_stack, wait_for
 from tests.support.procs import proc_group
 
 pytestmark = pytest.mark.integration

@@ -7,8 +7,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.lifecycle_support import FAST, wait_for
 from tests.support.fleet import set_fault, start_sims, write_fleet
+from tests.support.lifecycle import FAST, wait_for
 from tests.support.procs import proc_group
 from tests.support.router import start_router
 

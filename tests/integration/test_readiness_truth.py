@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.lifecycle_support import FAST, wait_for
 from tests.support.fleet import reset_faults, set_fault, start_sims, write_fleet
+from tests.support.lifecycle import FAST, wait_for
 from tests.support.procs import BIN, REPO, Proc, free_port, proc_group
 from tests.support.router import start_router
 

@@ -24,9 +24,9 @@ import pytest
 from temporalio.service import RPCError
 
 from tests.integration.conftest import Temporal, start_worker, wait_ready_line
-from tests.integration.lifecycle_support import start_stack
 from tests.integration.restart_support import new_fleet, plan, progress, start, supervisor_restarts, until
 from tests.support.fleet import process_start
+from tests.support.lifecycle import start_stack
 from tests.support.procs import Proc, ProcGroup, proc_group
 from workflows.models import SupervisorRef
 

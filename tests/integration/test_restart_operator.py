@@ -11,8 +11,8 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from tests.integration.conftest import Temporal
-from tests.integration.lifecycle_support import start_stack
 from tests.integration.restart_support import cli, new_fleet, progress, supervisor_restarts, until
+from tests.support.lifecycle import start_stack
 from tests.support.procs import proc_group, script
 from workflows.models import RestartResult, fleet_workflow_id
 

@@ -13,7 +13,6 @@ import pytest
 from temporalio.client import WorkflowHandle
 
 from tests.integration.conftest import Temporal, start_worker, wait_ready_line
-from tests.integration.lifecycle_support import client_load, start_stack, wait_for
 from tests.integration.restart_support import (
     cli,
     engine_state,
@@ -26,6 +25,7 @@ from tests.integration.restart_support import (
     until,
 )
 from tests.support.fleet import process_start, reset_faults
+from tests.support.lifecycle import client_load, start_stack, wait_for
 from tests.support.procs import proc_group
 from workflows.models import RestartProgress, RestartResult, fleet_workflow_id
 

@@ -26,8 +26,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from tests.integration.conftest import Temporal, wait_ready_line
-from tests.integration.lifecycle_support import FAST
 from tests.support.fleet import process_start, start_sims, start_supervisor, write_fleet
+from tests.support.lifecycle import FAST
 from tests.support.procs import proc_group, script
 from tests.support.router import start_router
 

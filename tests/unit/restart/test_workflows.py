@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -13,7 +13,8 @@ from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.unit.restart.fakes import FakeFleet
+from tests.support.restart_fakes import FakeFleet
+from tests.support.temporal import until_progress
 from workflows.models import (
     OperatorAnswer,
     OperatorRequest,
@@ -52,18 +53,6 @@ def plan(fleet_name: str = "", **kw: Any) -> RestartPlan:
 async def start(env: WorkflowEnvironment, tq: str, p: RestartPlan) -> WorkflowHandle[Any, RestartResult]:
     wf = WaveRestart.run if p.mode == "wave" else RollingRestart.run
     return await env.client.start_workflow(wf, p, id=f"narwhal-restart-{p.fleet}", task_queue=tq)
-
-
-async def until(handle: WorkflowHandle[Any, Any], pred: Callable[[RestartProgress], bool]) -> RestartProgress:
-    for _ in range(400):
-        p = await handle.query("progress", result_type=RestartProgress)
-        try:
-            if pred(p):
-                return p
-        except KeyError:
-            pass
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"condition never held; last progress {p.model_dump()}")
 
 
 async def done(handle: WorkflowHandle[Any, RestartResult]) -> RestartResult:
@@ -137,7 +126,7 @@ async def test_deadline_policy_approve_waits_for_the_operator(ts_env: WorkflowEn
     fleet.stuck.add("e0")
     async with running(ts_env, fleet) as tq:
         h = await start(ts_env, tq, plan(deadline_policy="approve", engines=["e0"]))
-        p = await until(
+        p = await until_progress(
             h, lambda p: p.engines["e0"].step == "awaiting_approval" and p.engines["e0"].waiting_for != ""
         )
         assert p.state == "waiting_operator" and fleet.engines["e0"].restarts == 0
@@ -156,7 +145,7 @@ async def test_readmit_refusal_waits_then_retry_completes(ts_env: WorkflowEnviro
     fleet.fail_readmit.add("e0")
     async with running(ts_env, fleet) as tq:
         h = await start(ts_env, tq, plan())
-        p = await until(h, lambda p: p.engines["e0"].step == "blocked")
+        p = await until_progress(h, lambda p: p.engines["e0"].step == "blocked")
         assert p.state == "waiting_operator" and "wrong" in p.engines["e0"].error
         assert fleet.engines["e0"].state == "blocked" and order(fleet, "drain") == ["e0"]
         fleet.fail_readmit.clear()  # the operator repaired the engine
@@ -173,7 +162,7 @@ async def test_readmit_refusal_then_abort_leaves_engine_held(ts_env: WorkflowEnv
     fleet.fail_readmit.add("e0")
     async with running(ts_env, fleet) as tq:
         h = await start(ts_env, tq, plan())
-        await until(h, lambda p: p.engines["e0"].step == "blocked")
+        await until_progress(h, lambda p: p.engines["e0"].step == "blocked")
         await h.execute_update("abort", OperatorRequest(reason="give up"), result_type=OperatorAnswer)
         res = await done(h)
     assert not res.ok and res.state == "aborted"
@@ -190,7 +179,7 @@ async def test_pause_takes_effect_between_engines(ts_env: WorkflowEnvironment) -
         await asyncio.wait_for(fleet.readmit_entered.wait(), 10)
         await h.signal("pause")
         fleet.readmit_gate.set()
-        await until(h, lambda p: p.engines["e0"].outcome == "restarted" and p.state == "paused")
+        await until_progress(h, lambda p: p.engines["e0"].outcome == "restarted" and p.state == "paused")
         await asyncio.sleep(0.3)  # a window in which a pause that did not hold would drain e1
         p = await h.query("progress", result_type=RestartProgress)  # read after the window
         assert p.state == "paused"
@@ -217,7 +206,7 @@ async def test_wave_readmit_refusal_then_abort(ts_env: WorkflowEnvironment) -> N
     fleet.fail_readmit.add("e1")
     async with running(ts_env, fleet) as tq:
         h = await start(ts_env, tq, plan(mode="wave"))
-        p = await until(h, lambda p: p.state == "waiting_operator")
+        p = await until_progress(h, lambda p: p.state == "waiting_operator")
         assert {e.step for e in p.engines.values()} == {"blocked"}
         await h.execute_update("abort", OperatorRequest(), result_type=OperatorAnswer)
         res = await done(h)
@@ -235,7 +224,7 @@ async def test_restart_timeout_blocks_engine_then_retry_completes(ts_env: Workfl
     fleet.never_back.add("e0")
     async with running(ts_env, fleet) as tq:
         h = await start(ts_env, tq, short_restart_timeout())
-        p = await until(h, lambda p: p.engines["e0"].step == "blocked")
+        p = await until_progress(h, lambda p: p.engines["e0"].step == "blocked")
         e0 = p.engines["e0"]
         assert p.state == "waiting_operator", p.message
         assert "no newer process within the restart timeout (2s)" in e0.error, e0.error
@@ -254,7 +243,7 @@ async def test_wave_restart_timeout_then_abort_leaves_engines_held(ts_env: Workf
     fleet.never_back.add("e1")
     async with running(ts_env, fleet) as tq:
         h = await start(ts_env, tq, short_restart_timeout(mode="wave"))
-        p = await until(h, lambda p: p.state == "waiting_operator")
+        p = await until_progress(h, lambda p: p.state == "waiting_operator")
         assert p.engines["e1"].step == "blocked" and "restart timeout" in p.engines["e1"].error
         assert p.engines["e0"].step == "waiting_for_new_process" and p.engines["e0"].error == ""
         await h.execute_update("abort", OperatorRequest(reason="port taken"), result_type=OperatorAnswer)
@@ -311,7 +300,7 @@ async def test_canary_gate_waits_for_the_operator_after_n_engines(
     fleet = FakeFleet.of(["prefill", "prefill", "decode", "decode"])
     async with running(ts_env, fleet) as tq:
         h = await start(ts_env, tq, plan(pause_after=2))
-        p = await until(h, lambda p: p.state == "waiting_operator")
+        p = await until_progress(h, lambda p: p.state == "waiting_operator")
         assert [e.outcome for e in p.engines.values()] == ["restarted", "restarted", "pending", "pending"]
         assert "canary gate" in p.message and p.events[-1].kind == "waiting_for_operator"
         assert order(fleet, "drain") == ["e0", "e1"]  # nothing after the gate

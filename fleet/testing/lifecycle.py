@@ -1,10 +1,10 @@
-"""Helpers for the lifecycle integration tests: a supervised sim fleet + router, polling, client load."""
+"""A supervised sim fleet behind one router (``Stack``, ``start_stack``) and steady client load
+(``client_load``), for the lifecycle tests and the restart benches."""
 
 from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,13 +14,15 @@ from typing import Any
 import httpx
 import jsonschema
 
+from fleet.testing.fleet import FAST, SimEngine, start_supervisor, write_fleet
+from fleet.testing.procs import ProcGroup
+from fleet.testing.router import RouterHandle, start_router
+from fleet.testing.waits import wait_for
 from router.lifecycle.document import SCHEMA_PATH
-from tests.support.fleet import SimEngine, start_supervisor, write_fleet
-from tests.support.procs import ProcGroup
-from tests.support.router import RouterHandle, start_router
+
+__all__ = ["FAST", "SCHEMA", "Load", "Stack", "client_load", "running_threads", "start_stack", "wait_for"]
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
-FAST = {"controller": {"monitor_interval_s": 0.2}, "recovery": {"liveness_every": 2, "readmit_every": 2}}
 
 
 @dataclass
@@ -66,15 +68,21 @@ def start_stack(
     return Stack(router, sup, sims)
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+@contextmanager
+def running_threads(
+    worker: Callable[[int], None], workers: int, stop: threading.Event, join_timeout: float = 30.0
+) -> Iterator[None]:
+    """``workers`` daemon threads running ``worker(i)`` while the block runs; at its end ``stop``
+    is set and each thread is joined (bounded by ``join_timeout``)."""
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=join_timeout)
 
 
 @dataclass
@@ -111,12 +119,5 @@ def client_load(router_url: str, workers: int = 4, max_tokens: int = 24) -> Iter
                     else:
                         load.failed.append(detail)
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
-    for t in threads:
-        t.start()
-    try:
+    with running_threads(worker, workers, load.stop):
         yield load
-    finally:
-        load.stop.set()
-        for t in threads:
-            t.join(timeout=30)

@@ -1,4 +1,5 @@
-"""Fake activities (same names as the real ones) over an in-memory fleet, for workflow tests."""
+"""Fake restart activities (same names as the real ones) over an in-memory fleet: the workflow unit
+tests and the history recorder (scripts/record_histories.py) run the real workflows against them."""
 
 from __future__ import annotations
 
