@@ -158,6 +158,8 @@ def find_descriptor(doc: Any) -> dict[str, Any] | None:
 def _block_ids_ok(ids: Any) -> bool:
     if not isinstance(ids, list):
         return False
+    if ids and set(map(type, ids)) == {int}:  # the usual flat list: checked at C speed
+        return bool(min(ids) >= 0)
     for item in ids:
         group = item if isinstance(item, list) else (item,)
         for b in group:

@@ -157,3 +157,20 @@ def test_max_tokens_above_the_context_is_a_400(key: str) -> None:
         parse_request(orjson.dumps({"prompt": "x", key: 8192}), "completions", MODEL, 8192).body[key] == 8192
     )
     assert parse_request(orjson.dumps({"prompt": "x", key: 2**40}), "completions", MODEL).body[key] == 2**40
+
+
+@pytest.mark.parametrize(
+    ("ids", "ok"),
+    [
+        (list(range(300)), True),
+        ([*range(300), -1], False),
+        ([*range(300), True], False),  # a bool is not a block id
+        ([*range(300), 1.0], False),
+        ([*range(300), [301, 302]], True),  # grouped and flat items mixed
+        ([*range(300), [301, -2]], False),
+        ([], True),
+    ],
+)
+def test_descriptor_block_ids(ids: list[Any], ok: bool) -> None:
+    doc = {"kv_transfer_params": {"remote_engine_id": "a", "remote_block_ids": ids}}
+    assert (find_descriptor(doc) is not None) is ok
