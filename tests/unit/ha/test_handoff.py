@@ -133,7 +133,9 @@ BAD: list[tuple[str, Any]] = [
 ]
 
 
-@pytest.mark.parametrize(("path", "value"), BAD, ids=[f"{p}={v!r}" for p, v in BAD])
+@pytest.mark.parametrize(
+    ("path", "value"), BAD, ids=[f"{p}=<deleted>" if v is _DELETE else f"{p}={v!r}" for p, v in BAD]
+)
 def test_validate_rejects(path: str, value: Any) -> None:
     doc = _mutate(fixture("handoff_after_resume.json"), path, value)
     with pytest.raises(HandoffError):
