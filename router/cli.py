@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -115,6 +116,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def tune_gc() -> None:
+    """Once the router is built: what exists now lives as long as the process (configuration,
+    components, routes), so it leaves the cyclic collector's generations (``gc.freeze``), and the
+    youngest generation is collected every 20,000 net allocations instead of 700. Request objects
+    are freed by reference counting; with the default threshold, collections that found nothing
+    cost ~4 % of the router's CPU under load (bench/pd_routers.py, issue 16)."""
+    gc.freeze()
+    _, mid, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, mid, old)
+
+
 async def serve(config: FleetConfig, options: RouterOptions) -> None:
     app, core = build_router(config, options)
     if warning := listeners.open_control_warning(config, options):
@@ -132,6 +147,7 @@ async def serve(config: FleetConfig, options: RouterOptions) -> None:
     )
     await runner.setup()
     await guard.start()
+    tune_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

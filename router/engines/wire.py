@@ -51,22 +51,23 @@ class ResponseTooLarge(WireError):
     pass
 
 
-def whole_chunks(data: bytes) -> list[bytes] | None:
-    """The data of each chunk when ``data`` is one or more whole, non-empty chunks of a chunked
-    body (size in hex, no extension, each ending with CRLF); None for anything else."""
+def whole_chunks(data: bytes) -> tuple[list[bytes], int]:
+    """(the data of each chunk, bytes used) for the whole, non-empty chunks of a chunked body at
+    the start of ``data`` (size in hex, no extension, each ending with CRLF); the rest — a cut
+    chunk, an extension, the last chunk — is left for the parser."""
     out: list[bytes] = []
     pos, end = 0, len(data)
     while pos < end:
         i = data.find(b"\r\n", pos, pos + 10)
         if i <= pos or data[pos:i].lstrip(_HEX):
-            return None
+            break
         n = int(data[pos:i], 16)
         nxt = i + n + 4
         if not n or nxt > end or data[nxt - 2 : nxt] != b"\r\n":
-            return None
+            break
         out.append(data[i + 2 : nxt - 2])
         pos = nxt
-    return out or None
+    return out, pos
 
 
 class Listener(Protocol):
@@ -283,11 +284,11 @@ class EngineConnection(asyncio.Protocol):
             return
         listener = resp._listener
         if self.at_boundary and listener is not None and not resp._chunks:
-            # Fast path for a relayed stream: this read is whole chunks "<hex>\r\n<data>\r\n" only
-            # (token events). The parser stays at the same chunk boundary, so it takes over again
-            # for anything else (a chunk cut between reads, an extension, the last chunk).
-            bodies = whole_chunks(data)
-            if bodies is not None:
+            # Fast path for a relayed stream: the whole chunks "<hex>\r\n<data>\r\n" this read starts
+            # with (token events) skip the parser. It stays at the same chunk boundary, so it takes
+            # over again for the rest (a chunk cut between reads, an extension, the last chunk).
+            bodies, used = whole_chunks(data)
+            if bodies:
                 resp.received += sum(map(len, bodies))
                 if resp.received > resp.limit:
                     resp._fail(ResponseTooLarge(f"engine response exceeds {resp.limit} bytes"))
@@ -295,7 +296,9 @@ class EngineConnection(asyncio.Protocol):
                     return
                 resp.last_rx = self.loop.time()
                 listener.on_chunks(bodies)
-                return
+                if used == len(data) or self.response is not resp:
+                    return
+                data = data[used:]  # the rest (a cut chunk, the last chunk) goes to the parser
         self.at_boundary = False
         try:
             parser.feed_data(data)

@@ -248,7 +248,8 @@ def test_attestation_bound_to_live_process(sims: list[SimEngine]) -> None:
 
 def test_concurrency_limit_queues_excess(fleet: tuple[ProcGroup, list[SimEngine]]) -> None:
     group = fleet[0]
-    [sim] = start_sims(group, 1, first_index=9, max_concurrency=1, itl_ms=20)
+    # 25 tokens at 100 ms: the second request waits ~2.5 s, long enough to be seen on a loaded host
+    [sim] = start_sims(group, 1, first_index=9, max_concurrency=1, itl_ms=100)
     body = {"prompt": "queued", "max_tokens": 25}
     with ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(post, sim.url, body) for _ in range(2)]

@@ -66,7 +66,7 @@ def test_admission_queue_refuses_expires_and_hands_seats_over(tmp_path: Path) ->
         (tmp_path / "a").mkdir()
         expiring = start_router(
             group,
-            contract_free_fleet(tmp_path / "a", sims, queue_capacity=1, queue_timeout_s=0.5),
+            contract_free_fleet(tmp_path / "a", sims, queue_capacity=1, queue_timeout_s=5.0),
             tmp_path / "a",
             extra_args=["--max-concurrent", "1"],
             wait_ready=True,

@@ -98,3 +98,19 @@ def test_unset_control_token_env_is_a_usage_error(tmp_path: Path) -> None:
     )
     assert r.returncode == 2
     assert "NARWHAL_TEST_TOKEN_UNSET" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_tune_gc_freezes_startup_objects_and_raises_the_young_threshold() -> None:
+    import gc
+
+    from router.cli import GC_YOUNG_THRESHOLD, tune_gc
+
+    before_threshold, before_frozen = gc.get_threshold(), gc.get_freeze_count()
+    try:
+        tune_gc()
+        threshold = gc.get_threshold()
+        assert threshold == (GC_YOUNG_THRESHOLD, *before_threshold[1:])
+        assert gc.get_freeze_count() > before_frozen
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before_threshold)

@@ -243,19 +243,20 @@ def test_several_token_chunks_in_one_read_take_the_fast_path_with_one_write() ->
         return await _relay(reads, True)
 
     sent, outcome, tokens, fast = asyncio.run(run())
-    assert (outcome, tokens, fast) == ("done", 5, 4)
+    assert (outcome, tokens, fast) == ("done", 5, 5)  # 4 tokens and [DONE]; the last chunk: parser
     assert sent == b"".join(events) + b"data: [DONE]\n\n"  # token_ids kept: the client asked
 
 
 def test_whole_chunks() -> None:
-    assert whole_chunks(b"3\r\nabc\r\n") == [b"abc"]
-    assert whole_chunks(b"3\r\nabc\r\nA\r\n0123456789\r\n") == [b"abc", b"0123456789"]
-    assert whole_chunks(b"a\r\n0123456789\r\n") == [b"0123456789"]
-    for partial_or_other in (
+    assert whole_chunks(b"3\r\nabc\r\n") == ([b"abc"], 8)
+    assert whole_chunks(b"3\r\nabc\r\nA\r\n0123456789\r\n") == ([b"abc", b"0123456789"], 23)
+    assert whole_chunks(b"a\r\n0123456789\r\n") == ([b"0123456789"], 15)
+    assert whole_chunks(b"3\r\nabc\r\n4\r\nab") == ([b"abc"], 8)  # whole, then cut: the rest is the parser's
+    assert whole_chunks(b"3\r\nabc\r\n0\r\n\r\n") == ([b"abc"], 8)  # ... and so is the last chunk
+    for other in (
         b"",
         b"3\r\nab",  # cut
         b"3\r\nabc\r",
-        b"3\r\nabc\r\n4\r\nab",  # whole, then cut
         b"3;ext=1\r\nabc\r\n",  # chunk extension: the parser's job
         b"0\r\n\r\n",  # the last chunk ends the message: the parser's job
         b"3\r\nabcd\r\n",  # data longer than its size
@@ -263,7 +264,7 @@ def test_whole_chunks() -> None:
         b" 3\r\nabc\r\n",
         b"\r\n3\r\nabc\r\n",
     ):
-        assert whole_chunks(partial_or_other) is None, partial_or_other
+        assert whole_chunks(other) == ([], 0), other
 
 
 _ids = st.lists(st.integers(0, 2**31), max_size=40)
@@ -301,3 +302,19 @@ def test_prompt_ids_cut_on_bytes_match_the_json_relay(
         a.tokens,
         a.prompt_tokens,
     )
+
+
+def test_a_long_prompts_ids_are_cut_without_a_full_parse() -> None:
+    from unittest import mock
+
+    payload = orjson.dumps(
+        {
+            "id": "c",
+            "choices": [{"index": 0, "text": " a", "token_ids": [7], "prompt_token_ids": list(range(4000))}],
+        }
+    )
+    state = StreamState()
+    with mock.patch("router.serving.relay.process_chunk", side_effect=AssertionError("full parse")):
+        out, n = relay_chunk(payload, state, False)
+    assert orjson.loads(out) == {"id": "c", "choices": [{"index": 0, "text": " a"}]}
+    assert (n, state.tokens, state.prompt_tokens) == (1, 1, 4000)
