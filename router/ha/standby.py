@@ -111,6 +111,7 @@ class StandbyLoop:
         self.last_good_mono: float | None = None
         self.takeover_gap_s: float | None = None
         self.last_miss_reason = ""
+        self.last_block_reason = ""  # the takeover block last logged (logged once per reason)
         self._shared_epoch = 0  # highest epoch seen in the shared handoff
         self._shared_damage = ""  # why the shared handoff was unusable at the last look
 
@@ -185,7 +186,17 @@ class StandbyLoop:
                 await self.lease.release()
 
     async def try_takeover(self) -> bool:
-        """One takeover attempt; True when the loop must end (took over, or refused for good)."""
+        """One takeover attempt; True when the loop must end (took over, or refused for good).
+        A takeover that cannot happen says why in the log, once per reason (``failover_blocked``
+        is also on ``/ready``)."""
+        done = await self._attempt_takeover()
+        why = self.core.control.failover_blocked
+        if not done and why and why != self.last_block_reason:
+            log.warning("standby: takeover blocked: %s", why)
+        self.last_block_reason = why
+        return done
+
+    async def _attempt_takeover(self) -> bool:
         control, clock = self.core.control, self.core.clock
         doc = self.doc = await self._freshest()
         if doc is None or clock.wall() - doc.at > self.settings.standby_max_handoff_age_s:

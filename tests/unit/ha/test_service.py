@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -425,6 +428,33 @@ async def test_no_fresh_handoff_blocks_takeover(tmp_path: Path, clock: FakeClock
     loop.doc = validate(old)
     assert not await loop.try_takeover()
     assert not (tmp_path / "router.lease").exists()  # never claimed
+
+
+async def test_a_blocked_takeover_says_why_once_per_reason(
+    tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A primary frozen (SIGSTOP) inside its locked lease update keeps the lock: every claim fails,
+    and the standby logs why (once), not silence."""
+    caplog.set_level(logging.WARNING, logger="narwhal.ha.standby")
+    primary = _lease(tmp_path, clock, "router-a")
+    assert primary.claim()
+    raw = fixture("handoff_after_resume.json") | {"epoch": 1, "holder": primary.holder, "at": clock.wall()}
+    loop, ha = await _standby(tmp_path, clock, raw)
+    clock.advance(1.5)  # the primary's lease expired, but it still holds the lock file
+    fd = os.open(tmp_path / "router.lease.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        for _ in range(2):
+            assert not await loop.try_takeover()
+    finally:
+        os.close(fd)
+    blocked = [r.getMessage() for r in caplog.records if "takeover blocked" in r.getMessage()]
+    assert len(blocked) == 1 and "lease unavailable: cannot claim lease: lease lock" in blocked[0]
+    assert blocked[0].endswith("router.lease.lock busy for 1.0s")
+    assert loop.core.control.failover_blocked.startswith("lease unavailable: ")
+    assert await loop.try_takeover()  # the lock is free again: taken over
+    assert loop.core.controls_fleet() and loop.core.control.epoch == 2
+    await ha.stop()
 
 
 async def test_takeover_refuses_a_foreign_fleet_and_stays_standby(tmp_path: Path, clock: FakeClock) -> None:
