@@ -43,6 +43,10 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = ["EngineRestart", "RollingRestart", "WaveRestart", "pick_batch"]
 
+# workflow.patched id: a pause (or abort) that arrives while the fleet is read before a batch takes
+# effect before that batch (was: the batch started, so an engine restarted after the pause).
+PATCH_PAUSE_DURING_FLEET_READ = "pause-during-fleet-read"
+
 
 @workflow.defn(name="EngineRestart")
 class EngineRestart(RunbookSteps):
@@ -252,6 +256,8 @@ class RollingRestart:
             if self.abort_requested:
                 break
             view = await self._read_fleet()
+            if (self.paused or self.abort_requested) and workflow.patched(PATCH_PAUSE_DURING_FLEET_READ):
+                continue  # paused (or aborted) while the fleet was read: no engine starts after it
             batch, refusal = pick_batch(queue, view, plan.max_unavailable)
             if not batch:
                 iid = queue[0]

@@ -54,6 +54,10 @@ class FakeFleet:
     never_back: set[str] = field(default_factory=set)  # restarted, but no newer process ever serves
     readmit_gate: asyncio.Event | None = None
     readmit_entered: asyncio.Event = field(default_factory=asyncio.Event)
+    # the first read_fleet after the call ``read_gate_after`` (e.g. "readmit e0") waits for the gate
+    read_gate: asyncio.Event | None = None
+    read_gate_after: str = ""
+    read_entered: asyncio.Event = field(default_factory=asyncio.Event)
     wave_id: str = ""
     lose_launch: dict[str, str] = field(default_factory=dict)  # iid -> "before" | "after" (one attempt)
     launched_commands: list[str] = field(default_factory=list)  # every launch the fake performed
@@ -83,6 +87,10 @@ class FakeFleet:
     def activities(self) -> list[Callable[..., Any]]:
         @activity.defn(name="read_fleet")
         async def read_fleet(ref: RouterRef) -> FleetView:
+            gate = self.read_gate
+            if gate is not None and self.read_gate_after in self.calls and not self.read_entered.is_set():
+                self.read_entered.set()
+                await gate.wait()
             return self.fleet_view()
 
         @activity.defn(name="drain")

@@ -7,6 +7,7 @@ killed by the kernel if this process is: ``dying_with_us``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,7 @@ import pytest
 import pytest_asyncio
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from tests.support.etcd import EtcdCluster, etcd_installed
@@ -43,6 +45,24 @@ async def temporal(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Te
         yield Temporal(env.client, env.client.service_client.config.target_host)
     finally:
         await env.shutdown()
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="session")
+async def no_workflow_outlives_its_test(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """Every workflow still running when a test that used Temporal ends is terminated.
+
+    The session's Temporal server is shared by the tests of this worker: a restart a failed test
+    left paused would otherwise make the next test's "the only running restart" ambiguous.
+    """
+    t: Temporal | None = request.getfixturevalue("temporal") if "temporal" in request.fixturenames else None
+    yield
+    if t is None:
+        return
+    async for wf in t.client.list_workflows('ExecutionStatus="Running"'):
+        with contextlib.suppress(RPCError):
+            await t.client.get_workflow_handle(wf.id, run_id=wf.run_id).terminate(
+                reason=f"left running by {request.node.nodeid}"
+            )
 
 
 def start_worker(group: ProcGroup, t: Temporal, task_queue: str, name: str = "worker") -> Proc:

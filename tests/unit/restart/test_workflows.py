@@ -189,6 +189,28 @@ async def test_pause_takes_effect_between_engines(ts_env: WorkflowEnvironment) -
     assert res.ok and order(fleet, "drain") == ["e0", "e1", "e2", "e3"]
 
 
+async def test_pause_while_the_fleet_is_read_before_the_next_engine_holds_that_engine(
+    ts_env: WorkflowEnvironment,
+) -> None:
+    """The pause arrives while the workflow reads the fleet to pick its next batch: that batch must
+    not start (it did: e1 was drained after the operator saw "paused between engines")."""
+    fleet = FakeFleet.of(["prefill", "prefill", "decode", "decode"])
+    fleet.read_gate, fleet.read_gate_after = asyncio.Event(), "readmit e0"
+    async with running(ts_env, fleet) as tq:
+        h = await start(ts_env, tq, plan())
+        await asyncio.wait_for(fleet.read_entered.wait(), 10)  # e0 is back; the read for e1 is held
+        await h.signal("pause")
+        await until_progress(h, lambda p: p.state == "paused")
+        fleet.read_gate.set()  # the read returns after the pause
+        await until_progress(h, lambda p: p.message == "paused between engines")
+        p = await h.query("progress", result_type=RestartProgress)
+        assert p.state == "paused" and p.engines["e1"].step == "pending"
+        assert order(fleet, "drain") == ["e0"]
+        await h.signal("resume")
+        res = await done(h)
+    assert res.ok and order(fleet, "drain") == ["e0", "e1", "e2", "e3"]
+
+
 async def test_wave_restart_repeats_drain_after_capture_failure(ts_env: WorkflowEnvironment) -> None:
     fleet = FakeFleet.of(["prefill", "decode", "decode"])
     fleet.capture_fail_once.add("e2")
