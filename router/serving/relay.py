@@ -94,6 +94,17 @@ _TIDS = b',"token_ids":['
 _ANY_TIDS = b'"token_ids":'
 
 
+def _id_count(ids: bytes) -> int:
+    """How many ids the inside of a ``[..]`` list of plain integers holds; -1 for anything else."""
+    if ids.isdigit():  # the usual stream_interval=1 chunk: one token
+        return 1
+    if not ids:
+        return 0
+    if ids.replace(b",", b"").isdigit():
+        return ids.count(b",") + 1
+    return -1
+
+
 def relay_chunk(payload: bytes, st: StreamState, want_ids: bool) -> tuple[bytes, int]:
     """``process_chunk`` for a streaming client, on bytes: count the choice's ``token_ids`` and cut
     them out without a JSON round trip when the chunk has the usual shape (one choice, with an
@@ -114,14 +125,8 @@ def relay_chunk(payload: bytes, st: StreamState, want_ids: bool) -> tuple[bytes,
     end = payload.find(b"]", start)
     if end == -1 or payload.find(_ANY_TIDS, end) != -1 or payload.count(b'"index":') != 1:
         return process_chunk(payload, st, want_ids, False)
-    ids = payload[start:end]
-    if ids.isdigit():  # the usual stream_interval=1 chunk: one token
-        n = 1
-    elif not ids:
-        n = 0
-    elif ids.replace(b",", b"").isdigit():
-        n = ids.count(b",") + 1
-    else:
+    n = _id_count(payload[start:end])
+    if n < 0:
         return process_chunk(payload, st, want_ids, False)
     st.tokens += n
     return (payload if want_ids else payload[:i] + payload[end + 1 :]), n
@@ -170,14 +175,8 @@ def relay_event(event: bytes, st: StreamState, want_ids: bool) -> bytes | None:
         or b"prompt_token" in event
     ):
         return None
-    ids = event[start:end]
-    if ids.isdigit():
-        n = 1
-    elif not ids:
-        n = 0
-    elif ids.replace(b",", b"").isdigit():
-        n = ids.count(b",") + 1
-    else:
+    n = _id_count(event[start:end])
+    if n < 0:
         return None
     st.tokens += n
     return event if want_ids else event[:i] + event[end + 1 :]
