@@ -29,7 +29,8 @@ can cut a stream (router, engine). Anything else is *unattributed*.
 Invariants (exit status 1 when violated):
 
 * duplicated restarts = Σ max(0, supervisor ``restarts[iid]`` − restarts of ``iid`` reported by the
-  workflows: a finished one's result, an unfinished one's live ``progress`` query) must be 0;
+  workflows: a finished one's result, an unfinished one's live ``progress`` query, where an engine
+  past its drain — restart command sent, not yet recorded — may own one) must be 0;
 * lifecycle holds lost must be 0: sampled every 0.2 s from whichever router is active, an engine
   seen in a hold state must never be seen accepting new work without a ``readmitted`` event for it
   after the hold started (nor be in a hold state while ``accepts_new``);

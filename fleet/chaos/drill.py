@@ -25,6 +25,8 @@ from fleet.testing.streams import RequestFailed, completion_body, new_session, p
 NAMESPACE = "default"
 HOLD_STATES = frozenset({"draining", "drained", "deadline_exceeded", "validating", "blocked"})
 FAULT_KINDS = ("worker", "router", "engine", "temporal")
+# steps of an engine whose restart command may already have reached the supervisor
+RESTART_UNDER_WAY = frozenset({"restarting", "waiting_for_new_process", "readmitting", "confirming"})
 # which faults can cut a client stream (and so explain a failed request)
 CUTS_STREAMS = frozenset({"router", "engine"})
 ATTRIBUTION_GRACE_S = 2.0
@@ -399,11 +401,17 @@ class Drill:
         sup = await self.s.supervisor_engines()
         sup_restarts = {iid: int(e.get("restarts", 0)) for iid, e in sup.items()}
         wf_restarts: Counter[str] = Counter()
+        # an unfinished workflow's engine past its drain may have had its restart command carried
+        # out by the supervisor before the workflow recorded it: one supervisor restart is its own
+        in_flight: Counter[str] = Counter()
         for w in self.workflows:
             for iid, e in (w.get("engines") or {}).items():
                 if e.get("outcome") == "restarted" or e.get("restarted_by_us"):
                     wf_restarts[iid] += 1
-        duplicated = {iid: n - wf_restarts[iid] for iid, n in sup_restarts.items() if n > wf_restarts[iid]}
+                elif e.get("step") in RESTART_UNDER_WAY:
+                    in_flight[iid] += 1
+        allowed = wf_restarts + in_flight
+        duplicated = {iid: n - allowed[iid] for iid, n in sup_restarts.items() if n > allowed[iid]}
         missing = {iid: wf_restarts[iid] - n for iid, n in sup_restarts.items() if n < wf_restarts[iid]}
         unattributed = [f for f in self.failures if not f.fault]
         recovery: dict[str, list[float]] = {}

@@ -109,10 +109,14 @@ async def _children_started_after_pause(handle: WorkflowHandle[Any, Any]) -> lis
 
 
 async def _paused_between_engines(handle: WorkflowHandle[Any, Any]) -> RestartProgress | None:
+    """The workflow waits in its pause: it says so only once no batch is in flight (an engine whose
+    restart was started before the pause, and has not reported yet, still shows as pending)."""
     p = await progress(handle)
     return (
         p
-        if p.state == "paused" and all(e.outcome in ("pending", "restarted") for e in p.engines.values())
+        if p.state == "paused"
+        and p.message == "paused between engines"
+        and all(e.outcome in ("pending", "restarted") for e in p.engines.values())
         else None
     )
 
