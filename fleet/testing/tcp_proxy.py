@@ -73,12 +73,13 @@ class TcpProxy:
             threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
 
     def _pump(self, a: socket.socket, b: socket.socket) -> None:
-        a.setblocking(False)
-        b.setblocking(False)
         sel = selectors.DefaultSelector()
-        sel.register(a, selectors.EVENT_READ, b)
-        sel.register(b, selectors.EVENT_READ, a)
         try:
+            # a cut() between the accept and here has already closed both sockets
+            a.setblocking(False)
+            b.setblocking(False)
+            sel.register(a, selectors.EVENT_READ, b)
+            sel.register(b, selectors.EVENT_READ, a)
             while not self._stop.is_set() and not self._cut.is_set():
                 for key, _ in sel.select(timeout=0.2):
                     src: socket.socket = key.fileobj  # type: ignore[assignment]
@@ -92,7 +93,7 @@ class TcpProxy:
                     dst.setblocking(True)
                     dst.sendall(data)
                     dst.setblocking(False)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a socket closed under the selector
             return
         finally:
             sel.close()
