@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from fleet.testing.etcd import EtcdCluster
-from fleet.testing.fleet import SimEngine
-from fleet.testing.ha import ha_fleet, ready
+from fleet.testing.fleet import SimEngine, start_sims
+from fleet.testing.ha import drain, ha_fleet, ready
 from fleet.testing.procs import ProcGroup
 from fleet.testing.router import RouterHandle, start_router
 from fleet.testing.tcp_proxy import TcpProxy
@@ -74,6 +74,19 @@ def etcd_pair(
     lets the primary reach etcd another way (through proxies a test can cut)."""
     a = etcd_router(group, tmp_path, sims, "a", primary_endpoints or endpoints, prefix, wait_ready=True)
     return a, etcd_standby(group, tmp_path, sims, "b", endpoints, prefix, a)
+
+
+def etcd_pair_holding_e0(
+    group: ProcGroup, tmp_path: Path, endpoints: str, prefix: str, primary_endpoints: str | None = None
+) -> tuple[list[SimEngine], RouterHandle, RouterHandle]:
+    """Three engines, ``etcd_pair`` over them, and a drain of ``e0`` acknowledged by the primary:
+    where the etcd fault tests start (the hold a successor must find)."""
+    sims = start_sims(group, 3, itl_ms=5)
+    a, b = etcd_pair(group, tmp_path, sims, endpoints, prefix, primary_endpoints)
+    r = drain(a, "e0")
+    if r.status_code != 200:
+        raise AssertionError(f"the primary did not acknowledge the drain of e0: {r.status_code} {r.text}")
+    return sims, a, b
 
 
 def key(cluster: EtcdCluster, prefix: str, name: str) -> dict[str, Any] | None:

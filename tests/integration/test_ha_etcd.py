@@ -15,6 +15,7 @@ import pytest
 from tests.support.etcd import EtcdCluster
 from tests.support.etcd_ha import (
     etcd_pair,
+    etcd_pair_holding_e0,
     etcd_router,
     etcd_standby,
     key,
@@ -102,9 +103,7 @@ def test_sigstop_past_the_ttl_cannot_acknowledge_or_overwrite(
 ) -> None:
     eps = etcd_cluster.endpoints
     with proc_group(tmp_path) as group:
-        sims = start_sims(group, 3, itl_ms=5)
-        a, b = etcd_pair(group, tmp_path, sims, eps, etcd_prefix)
-        assert drain(a, "e0").status_code == 200
+        sims, a, b = etcd_pair_holding_e0(group, tmp_path, eps, etcd_prefix)
         a_holder = ready(a)[1]["holder"]
         a.proc.signal(signal.SIGSTOP)
         try:

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.etcd import EtcdCluster
-from tests.support.etcd_ha import TTL_PLUS_MARGIN, etcd_pair, proxied, proxy_endpoints
-from tests.support.fleet import start_sims
-from tests.support.ha import controller, controls, drain, epoch_of, held, ready, wait_controls
+from tests.support.etcd_ha import TTL_PLUS_MARGIN, etcd_pair_holding_e0, proxied, proxy_endpoints
+from tests.support.ha import controller, controls, epoch_of, held, ready, wait_controls
 from tests.support.procs import proc_group
 from tests.support.waits import wait_for
 
@@ -23,9 +22,7 @@ def test_killing_the_etcd_leader_costs_no_control(
 ) -> None:
     eps = private_etcd.endpoints
     with proc_group(tmp_path) as group:
-        sims = start_sims(group, 3, itl_ms=5)
-        a, b = etcd_pair(group, tmp_path, sims, eps, etcd_prefix)
-        assert drain(a, "e0").status_code == 200
+        _, a, b = etcd_pair_holding_e0(group, tmp_path, eps, etcd_prefix)
         leader = private_etcd.wait_leader()
         private_etcd.stop(leader)
         private_etcd.wait_leader(other_than=leader)
@@ -45,9 +42,7 @@ def test_quorum_loss_fences_every_router_and_quorum_return_restores_control(
 ) -> None:
     eps = private_etcd.endpoints
     with proc_group(tmp_path) as group:
-        sims = start_sims(group, 3, itl_ms=5)
-        a, b = etcd_pair(group, tmp_path, sims, eps, etcd_prefix)
-        assert drain(a, "e0").status_code == 200
+        _, a, b = etcd_pair_holding_e0(group, tmp_path, eps, etcd_prefix)
         lost_at = time.monotonic()
         private_etcd.stop(0)
         private_etcd.stop(1)
@@ -78,10 +73,8 @@ def test_partition_between_the_primary_and_etcd_behaves_like_a_kill(
     tmp_path: Path, etcd_cluster: EtcdCluster, etcd_prefix: str
 ) -> None:
     with proxied(etcd_cluster) as proxies, proc_group(tmp_path) as group:
-        sims = start_sims(group, 3, itl_ms=5)
         eps = etcd_cluster.endpoints
-        a, b = etcd_pair(group, tmp_path, sims, eps, etcd_prefix, primary_endpoints=proxy_endpoints(proxies))
-        assert drain(a, "e0").status_code == 200
+        _, a, b = etcd_pair_holding_e0(group, tmp_path, eps, etcd_prefix, proxy_endpoints(proxies))
         for p in proxies:
             p.cut()
         wait_for("a fenced", lambda: not controls(a), timeout=TTL_PLUS_MARGIN + 30)
