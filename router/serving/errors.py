@@ -1,11 +1,10 @@
-"""Spec error bodies ``{"error":{"message","type",["code"],["param"]}}`` and their HTTP responses."""
+"""Spec error bodies ``{"error":{"message","type",["code"],["param"]}}`` and their response headers."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 _RETRY_STATUSES = frozenset({429, 503})
 
@@ -38,23 +37,14 @@ def error_doc(message: str, type_: str, code: str | None = None, param: str | No
     return {"error": err}
 
 
-def error_response(
-    status: int,
-    message: str,
-    type_: str,
-    code: str | None = None,
-    param: str | None = None,
-    rid: str = "",
-) -> web.Response:
+def error_headers(status: int, rid: str = "") -> dict[str, str]:
     headers = {"content-type": "application/json"}
     if status in _RETRY_STATUSES:
         headers["retry-after"] = "1"
     if rid:
         headers["x-request-id"] = rid
-    return web.Response(
-        status=status, body=orjson.dumps(error_doc(message, type_, code, param)), headers=headers
-    )
+    return headers
 
 
-def client_error_response(err: ClientError, rid: str = "") -> web.Response:
-    return error_response(err.status, err.message, err.type, err.code, err.param, rid)
+def error_body(err: ClientError) -> bytes:
+    return orjson.dumps(error_doc(err.message, err.type, err.code, err.param))

@@ -21,7 +21,8 @@ from router.counters import Outcome
 from router.engines.legs import DecodeStream, EngineClient, LegFailure, decode_body, prefill_body
 from router.metrics import ServingStats
 from router.serving.admission import Admission, QueueExpired, QueueFull
-from router.serving.errors import ClientError, client_error_response, error_doc
+from router.serving.errors import ClientError, error_body, error_doc, error_headers
+from router.serving.exchange import AioExchange, BodyTooLarge, Exchange, StreamSink
 from router.serving.outcome import RequestRecord, finish
 from router.serving.parse import PATHS, Endpoint, ParsedRequest, parse_request
 from router.serving.relay import (
@@ -50,9 +51,6 @@ class DecisionSink(Protocol):
 
 class _Settled(Exception):
     """The request already has its terminal outcome and its response."""
-
-    def __init__(self, response: web.StreamResponse) -> None:
-        self.response = response
 
 
 class Serving:
@@ -100,55 +98,73 @@ class Serving:
     async def stop(self) -> None:
         return None
 
+    # aiohttp's routes (what the client listener's own protocol, serving/front.py, hands to aiohttp)
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.handle(request, "completions")
+        ex = AioExchange(request)
+        await self.handle(ex, "completions")
+        return ex.result()
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self.handle(request, "chat")
+        ex = AioExchange(request)
+        await self.handle(ex, "chat")
+        return ex.result()
 
     # -- request ----------------------------------------------------------------------------
-    async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    async def handle(self, ex: Exchange, endpoint: Endpoint) -> None:
+        """One request, to its terminal outcome and its response on ``ex``."""
         core = self.core
         core.counters.offer()
         rec = RequestRecord(f"{_randbits(128):032x}", core.clock.monotonic())
-        rec.client_rid = request.headers.get("x-request-id")
+        rec.client_rid = ex.client_rid
         if not core.ready():
-            return self._not_ready(rec)
+            return self._not_ready(ex, rec)
         admission = self.admission
         if not admission.try_enter():
             try:
                 waited = await admission.enter()
             except QueueFull:
-                return self._settle(rec, "rejected", "inflight_limit", self._inflight_error)
+                return self._settle(ex, rec, "rejected", "inflight_limit", self._inflight_error)
             except QueueExpired:
                 if admission.queue_timeout:
                     msg = f"waited serving.queue_timeout_s ({admission.timeout}s) for an in-flight seat"
                     err = ClientError(504, msg, "queue_expired", "queue_timeout")
-                    return self._settle(rec, "expired", "queue_timeout", err)
+                    return self._settle(ex, rec, "expired", "queue_timeout", err)
                 msg = f"request exceeded serving.request_timeout_s ({admission.timeout}s) in the queue"
                 err = ClientError(504, msg, "request_expired", "deadline")
-                return self._settle(rec, "expired", "deadline", err)
+                return self._settle(ex, rec, "expired", "deadline", err)
             except asyncio.CancelledError:
                 self._cancelled(rec)
                 raise
             rec.extra = {"queue_wait_s": waited}
             if not core.ready():  # readiness changed while it waited
                 admission.leave()
-                return self._not_ready(rec)
+                return self._not_ready(ex, rec)
         try:
-            return await self._serve(request, endpoint, rec)
-        except _Settled as done:
-            return done.response
+            await self._serve(ex, endpoint, rec)
+        except _Settled:
+            pass
         except asyncio.CancelledError:
             self._cancelled(rec)
             raise
         except _DISCONNECTS:
             self._cancelled(rec)
-            started: web.StreamResponse | None = request.get("narwhal_stream")
-            return started if started is not None else web.Response(status=499)
+            ex.abandon()
         except Exception as exc:
             log.exception("request %s failed inside the router", rec.rid)
-            return self._settle(
+            if ex.sink is not None:  # output already reached the client: cut the stream
+                finish(
+                    self.core,
+                    self.stats,
+                    rec,
+                    "failed",
+                    "internal",
+                    500,
+                    f"internal router error: {type(exc).__name__}",
+                )
+                ex.sink.transport.abort()
+                return
+            self._settle(
+                ex,
                 rec,
                 "failed",
                 "internal",
@@ -167,11 +183,13 @@ class Serving:
         else:
             finish(self.core, self.stats, rec, "cancelled", "", 499, "client disconnected")
 
-    def _settle(self, rec: RequestRecord, outcome: Outcome, reason: str, err: ClientError) -> web.Response:
+    def _settle(
+        self, ex: Exchange, rec: RequestRecord, outcome: Outcome, reason: str, err: ClientError
+    ) -> None:
         finish(self.core, self.stats, rec, outcome, reason, err.status, err.message, err.type, err.code)
-        return client_error_response(err, rec.rid)
+        ex.respond(err.status, error_body(err), error_headers(err.status, rec.rid))
 
-    def _not_ready(self, rec: RequestRecord, reason: str | None = None) -> web.Response:
+    def _not_ready(self, ex: Exchange, rec: RequestRecord, reason: str | None = None) -> None:
         core = self.core
         why = reason or core.ready_reason()
         if not core.controls_fleet() or core.scheduler.fleet_hold or reason:
@@ -181,58 +199,50 @@ class Serving:
         else:
             kind, message = "backend_unavailable", f"Router is not ready: {why}"
         rec.extra = {"readiness_reason": why}
-        return self._settle(rec, "rejected", "not_ready", ClientError(503, message, kind, kind))
+        self._settle(ex, rec, "rejected", "not_ready", ClientError(503, message, kind, kind))
 
-    async def _serve(
-        self, request: web.Request, endpoint: Endpoint, rec: RequestRecord
-    ) -> web.StreamResponse:
+    async def _serve(self, ex: Exchange, endpoint: Endpoint, rec: RequestRecord) -> None:
         limit = self.core.config.serving.max_request_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise _Settled(self._too_large(rec, limit))
+        if ex.content_length is not None and ex.content_length > limit:
+            return self._too_large(ex, rec, limit)
         try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise _Settled(self._too_large(rec, limit)) from None
+            raw = await ex.read_body()
+        except BodyTooLarge:
+            return self._too_large(ex, rec, limit)
         try:
             parsed = parse_request(raw, endpoint, self.model, self.core.max_tokens_limit())
         except ClientError as err:
-            raise _Settled(
-                self._settle(rec, "invalid_requests", err.code or "invalid_request", err)
-            ) from None
+            return self._settle(ex, rec, "invalid_requests", err.code or "invalid_request", err)
         rec.stream = parsed.stream
         try:
             async with asyncio.timeout(self.request_timeout):
-                return await self._attempts(request, parsed, rec)
+                return await self._attempts(ex, parsed, rec)
         except TimeoutError:
             msg = f"request exceeded serving.request_timeout_s ({self.request_timeout}s)"
-            return await self._fail(
-                request, rec, "expired", "deadline", 504, msg, "request_expired", "deadline"
-            )
+            return await self._fail(ex, rec, "expired", "deadline", 504, msg, "request_expired", "deadline")
 
-    def _too_large(self, rec: RequestRecord, limit: int) -> web.Response:
+    def _too_large(self, ex: Exchange, rec: RequestRecord, limit: int) -> None:
         err = ClientError(
             413, f"request body exceeds {limit} bytes", "request_too_large", "request_too_large"
         )
-        return self._settle(rec, "invalid_requests", "request_too_large", err)
+        self._settle(ex, rec, "invalid_requests", "request_too_large", err)
 
-    async def _attempts(
-        self, request: web.Request, parsed: ParsedRequest, rec: RequestRecord
-    ) -> web.StreamResponse:
+    async def _attempts(self, ex: Exchange, parsed: ParsedRequest, rec: RequestRecord) -> None:
         sched = self.core.scheduler
         tried: list[str] = []
         for attempt in range(1, self.max_attempts + 1):
             rec.attempts = attempt
             hold = self.core.prefill_hold_reason()
             if hold:
-                return self._not_ready(rec, hold)
+                return self._not_ready(ex, rec, hold)
             p = sched.pick("prefill", exclude=tried) or sched.pick("prefill")
             if p is None:
                 err = ClientError(
                     503, "no engine can take the prefill leg", "no_schedulable_engines", "no_engine"
                 )
-                return self._settle(rec, "failed", "no_engine", err)
+                return self._settle(ex, rec, "failed", "no_engine", err)
             try:
-                return await self._attempt(request, parsed, rec, attempt, p, tried)
+                return await self._attempt(ex, parsed, rec, attempt, p, tried)
             except LegFailure as f:
                 self._evidence(f, rec.prefill_iid)
                 rec.attempt_failures.append(f"{f.phase}:{f.iid}:{f.kind}")
@@ -240,7 +250,7 @@ class Serving:
                 if rec.started or f.final or attempt == self.max_attempts:
                     type_ = "invalid_request_error" if f.client_fault else f.phase
                     return await self._fail(
-                        request, rec, "failed", f.reason, f.client_status, str(f), type_, f.reason
+                        ex, rec, "failed", f.reason, f.client_status, str(f), type_, f.reason
                     )
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -259,7 +269,7 @@ class Serving:
 
     async def _fail(
         self,
-        request: web.Request,
+        ex: Exchange,
         rec: RequestRecord,
         outcome: Outcome,
         reason: str,
@@ -267,28 +277,26 @@ class Serving:
         message: str,
         type_: str,
         code: str,
-    ) -> web.StreamResponse:
-        if not rec.started:
-            return self._settle(rec, outcome, reason, ClientError(status, message, type_, code))
+    ) -> None:
+        sink = ex.sink
+        if not rec.started or sink is None:
+            return self._settle(ex, rec, outcome, reason, ClientError(status, message, type_, code))
         # Output already reached the client: end the stream with an error event.
         finish(self.core, self.stats, rec, outcome, reason, 200, message, type_, code)
-        resp: web.StreamResponse = request["narwhal_stream"]
         try:
-            await resp.write(b"data: " + orjson.dumps(error_doc(message, type_, code)) + b"\n\n")
-            await resp.write_eof()
+            await sink.write_eof(b"data: " + orjson.dumps(error_doc(message, type_, code)) + b"\n\n")
         except _DISCONNECTS:
             pass
-        return resp
 
     async def _attempt(
         self,
-        request: web.Request,
+        ex: Exchange,
         parsed: ParsedRequest,
         rec: RequestRecord,
         attempt: int,
         p: EngineRuntime,
         tried: list[str],
-    ) -> web.StreamResponse:
+    ) -> None:
         sched, engines, body = self.core.scheduler, self.engines, parsed.body
         path = PATHS[parsed.endpoint]
         xrid = f"{rec.rid}-a{attempt}"
@@ -308,9 +316,11 @@ class Serving:
         )
         if d is None:
             if self.core.prefill_hold_reason() or not self.core.ready():
-                raise _Settled(self._not_ready(rec))
+                self._not_ready(ex, rec)
+                raise _Settled
             err = ClientError(503, "no engine can take the decode leg", "no_schedulable_engines", "no_engine")
-            raise _Settled(self._settle(rec, "failed", "no_engine", err))
+            self._settle(ex, rec, "failed", "no_engine", err)
+            raise _Settled
         rec.decode_iid = d.iid
         dbody = decode_body(body, self.model, None if d.iid == p.iid else desc)
         d.resident_decode += 1
@@ -355,12 +365,11 @@ class Serving:
                 raise LegFailure("stream", "decode", d.iid, str(exc)) from None
             rec.first_token_at = self.core.clock.monotonic()
             if buffered:
-                resp: web.StreamResponse = await self._assemble(stream, st, parsed, rec)
+                await self._assemble(ex, stream, st, parsed, rec)
             else:
-                resp = await self._relay(request, stream, st, parsed, rec, frames)
+                await self._relay(ex, stream, st, parsed, rec, frames)
             clean = True
             self.breaker.record_success(d.iid, "decode")
-            return resp
         finally:
             d.resident_decode -= 1
             if stream is not None:
@@ -370,8 +379,8 @@ class Serving:
                     stream.close()  # drop the connection: the engine sees the client leave
 
     async def _assemble(
-        self, stream: DecodeStream, st: StreamState, parsed: ParsedRequest, rec: RequestRecord
-    ) -> web.Response:
+        self, ex: Exchange, stream: DecodeStream, st: StreamState, parsed: ParsedRequest, rec: RequestRecord
+    ) -> None:
         """Buffered client: read the whole decode stream, answer one completion document."""
         want = parsed.want_token_ids
         try:
@@ -382,28 +391,24 @@ class Serving:
         rec.output_len = st.tokens
         doc = assemble_response(st, parsed.endpoint, self.model, rec.rid, want)
         finish(self.core, self.stats, rec, "served")
-        return web.Response(
-            body=orjson.dumps(doc), headers={"content-type": "application/json", "x-request-id": rec.rid}
-        )
+        ex.respond(200, orjson.dumps(doc), {"content-type": "application/json", "x-request-id": rec.rid})
 
     async def _relay(
         self,
-        request: web.Request,
+        ex: Exchange,
         stream: DecodeStream,
         st: StreamState,
         parsed: ParsedRequest,
         rec: RequestRecord,
         frames: list[bytes],
-    ) -> web.StreamResponse:
+    ) -> None:
         """Streaming client: relay SSE frames as they arrive; from here on no retry is possible.
 
         What is in hand (the first token's frames and any that arrived with them) goes out with the
         response head in one write; then the engine connection's callbacks relay the rest
         (``serving/stream.py``) while this task waits for the end, a failure or back-pressure.
         """
-        resp = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rec.rid})
-        request["narwhal_stream"] = resp
-        writer = await resp.prepare(request)
+        sink = await ex.open_stream({**_SSE_HEADERS, "x-request-id": rec.rid})
         rec.started = True
         want = parsed.want_token_ids
         payloads, done = stream.ready()
@@ -413,7 +418,7 @@ class Serving:
                     out, _ = relay_chunk(payload, st, want)
                 except StreamError:
                     if frames:  # relay the good frames before the bad one, as they came
-                        await resp.write(b"".join(frames))
+                        await sink.write(b"".join(frames))
                     raise
                 frames += (b"data: ", out, b"\n\n")
         except StreamError as exc:
@@ -422,20 +427,18 @@ class Serving:
         if done:
             frames.append(_DONE)
         else:
-            await resp.write(b"".join(frames))
-            transport = request.transport
-            if transport is None or writer is None:
-                raise ConnectionResetError("client disconnected")
-            relay = ClientRelay(stream, transport, request.protocol, writer.chunked, st, want)  # type: ignore[attr-defined]
+            await sink.write(b"".join(frames))
+            relay = ClientRelay(stream, sink.transport, sink.flow, sink.chunked, st, want)
             relay.start()
             try:
                 while await relay.signal == BLOCKED:
                     try:
                         async with asyncio.timeout(self.client_write_timeout):
-                            await writer.drain()
+                            await sink.drain()
                     except TimeoutError:
                         rec.output_len = st.tokens
-                        raise _Settled(self._slow_client(rec, resp, transport)) from None
+                        self._slow_client(rec, sink)
+                        raise _Settled from None
                     relay.rearm()
             except ClientGone:
                 raise ConnectionResetError("client disconnected") from None
@@ -445,16 +448,12 @@ class Serving:
             frames = relay.tail
         rec.output_len = st.tokens
         # The last frames, [DONE] and the end of the chunked body: one write.
-        await resp.write_eof(b"".join(frames))
+        await sink.write_eof(b"".join(frames))
         finish(self.core, self.stats, rec, "served")
-        return resp
 
-    def _slow_client(
-        self, rec: RequestRecord, resp: web.StreamResponse, transport: asyncio.Transport
-    ) -> web.StreamResponse:
+    def _slow_client(self, rec: RequestRecord, sink: StreamSink) -> None:
         """The client did not take the stream's bytes within client_write_timeout_s: cut it."""
         rec.cancelled_phase = "decode"
         msg = f"client did not read the stream within serving.client_write_timeout_s ({self.client_write_timeout}s)"
         finish(self.core, self.stats, rec, "cancelled", "slow_client", 499, msg)
-        transport.abort()  # its unread bytes are dropped; the engine leg is closed by the caller
-        return resp
+        sink.transport.abort()  # its unread bytes are dropped; the engine leg is closed by the caller

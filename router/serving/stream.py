@@ -12,10 +12,10 @@ handler waits (bounded by ``serving.client_write_timeout_s``) for the client to 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from router.engines.legs import DecodeStream, LegFailure
 from router.engines.wire import ResponseTooLarge, WireError
+from router.serving.exchange import Paused
 from router.serving.relay import StreamError, StreamState, relay_chunk, relay_event
 
 DONE = "done"
@@ -47,7 +47,7 @@ class ClientRelay:
         self,
         stream: DecodeStream,
         transport: asyncio.Transport,
-        protocol: Any,  # aiohttp's server protocol: ``writing_paused`` says the client is behind
+        protocol: Paused,  # the client connection: ``writing_paused`` says the client is behind
         chunked: bool,
         st: StreamState,
         want_ids: bool,
