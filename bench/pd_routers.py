@@ -57,6 +57,9 @@ from fleet.testing.procs import BIN, Proc, ProcGroup, free_port, proc_group, scr
 PROMPTS = {"short": SHORT_PROMPT, "long": LONG_PROMPT}
 
 
+BASELINE = "narwhal-base"
+
+
 def workload(name: str, max_tokens: int) -> tuple[str, int]:
     """``short`` / ``long`` (prompt, ``--max-tokens`` output) or ``<prompt>-<N>`` (N output tokens)."""
     prompt, _, n = name.partition("-")
@@ -85,22 +88,29 @@ def start_engines(
 
 
 def start_narwhal(
-    group: ProcGroup, pin: Pinning, tmp: Path, prefills: list[str], decodes: list[str]
+    group: ProcGroup,
+    pin: Pinning,
+    tmp: Path,
+    prefills: list[str],
+    decodes: list[str],
+    name: str = "narwhal",
+    exe: str = "",
 ) -> System:
+    """``narwhal-serve`` of this checkout, or ``exe`` (another checkout's, for a before/after)."""
     engines = [(f"e{i}", u, "prefill") for i, u in enumerate(prefills)]
     engines += [(f"e{i + 2}", u, "decode") for i, u in enumerate(decodes)]
-    doc = fleet_document(engines, model=MODEL, state_path=str(tmp / "state.json"))
-    (tmp / "fleet.json").write_text(json.dumps(doc, indent=2))
+    doc = fleet_document(engines, model=MODEL, state_path=str(tmp / f"{name}.state.json"))
+    (tmp / f"{name}.fleet.json").write_text(json.dumps(doc, indent=2))
     port = free_port()
     cmd = [
-        script("narwhal-serve"),
-        *("--fleet", str(tmp / "fleet.json"), "--host", "127.0.0.1", "--port", str(port)),
-        *("--journal", str(tmp / "journal.jsonl"), "--log-level", "warning"),
+        exe or script("narwhal-serve"),
+        *("--fleet", str(tmp / f"{name}.fleet.json"), "--host", "127.0.0.1", "--port", str(port)),
+        *("--journal", str(tmp / f"{name}.journal.jsonl"), "--log-level", "warning"),
     ]
-    proc = group.start("narwhal", pin.server_cmd(cmd))
+    proc = group.start(name, pin.server_cmd(cmd))
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/ready", timeout=30, proc=proc)
-    return System("narwhal", proc, lambda body: router_sender(url, body))
+    return System(name, proc, lambda body: router_sender(url, body))
 
 
 def start_vllm_router(
@@ -132,6 +142,8 @@ def run_matrix(a: argparse.Namespace) -> dict[str, Any]:
             start_narwhal(group, pin, tmp, prefills, decodes),
             start_vllm_router(group, pin, tmp, prefills, decodes),
         ]
+        if a.baseline_serve:
+            systems.append(start_narwhal(group, pin, tmp, prefills, decodes, BASELINE, a.baseline_serve))
         systems = [s for s in systems if s.name in a.systems]
         pin.pin_self()
         for rep in range(a.reps):
@@ -240,11 +252,11 @@ def report(result: dict[str, Any], command: str) -> str:
         errors[key] = errors.get(key, 0) + int(r["errors"])
     for prompt, conc in keys:
         systems = {k[2]: v for k, v in agg.items() if k[0] == prompt and k[1] == conc}
-        routers = {n: v for n, v in systems.items() if n != "direct-pd"}
+        routers = {n: v for n, v in systems.items() if n not in ("direct-pd", BASELINE)}
         best_rps = max((v["rps"].median for v in routers.values()), default=0.0)
         best_p50 = min((v["p50_ms"].median for v in routers.values()), default=0.0)
         floor = systems.get("direct-pd")
-        for name in ("direct-pd", "narwhal", "vllm-router"):
+        for name in ("direct-pd", "narwhal", BASELINE, "vllm-router"):
             if name not in systems:
                 continue
             v = systems[name]
@@ -393,7 +405,16 @@ def main() -> int:
         default=["short", "long", "short-256"],
         help="workloads: short / long prompt with --max-tokens output, or <prompt>-<N> for N tokens",
     )
-    ap.add_argument("--systems", type=lambda s: s.split(","), default=["direct-pd", "narwhal", "vllm-router"])
+    ap.add_argument(
+        "--systems",
+        type=lambda s: s.split(","),
+        default=["direct-pd", "narwhal", BASELINE, "vllm-router"],
+    )
+    ap.add_argument(
+        "--baseline-serve",
+        default="",
+        help=f"another checkout's narwhal-serve, run side by side as {BASELINE!r} (a before/after)",
+    )
     ap.add_argument("--duration", type=float, default=4.0, help="measured seconds per run")
     ap.add_argument("--warmup", type=float, default=0.5)
     ap.add_argument("--max-tokens", type=int, default=32)

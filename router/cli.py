@@ -29,6 +29,7 @@ from router.ha import settings as ha_settings
 from router.logs import setup_logging
 from router.replicas import settings as replica_settings
 from router.replicas import wiring as replica_wiring
+from router.serving.front import FrontServer
 
 log = logging.getLogger("narwhal.serve")
 
@@ -130,6 +131,24 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, mid, old)
 
 
+def client_protocol(
+    app: web.Application, runner: web.AppRunner, guard: ConnectionGuard, config: FleetConfig
+) -> FrontServer | None:
+    """The client listener's own protocol for the completion routes (``serving/front.py``), or None
+    (aiohttp serves everything) when requests are traced: the span middleware is aiohttp's."""
+    if observability.traces_requests(app):
+        log.info("tracing is on: the completion routes are served through aiohttp (server spans)")
+        return None
+    assert runner.server is not None
+    return FrontServer(
+        app[ROUTER_KEY].parts.serving,
+        runner.server,
+        idle_timeout=config.serving.idle_timeout_s,
+        max_body=config.serving.max_request_bytes,
+        adopt=guard.adopt,
+    )
+
+
 async def serve(config: FleetConfig, options: RouterOptions) -> None:
     app, core = build_router(config, options)
     if warning := listeners.open_control_warning(config, options):
@@ -153,7 +172,10 @@ async def serve(config: FleetConfig, options: RouterOptions) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        site = GuardedSite(runner, options.host, options.port, guard, backlog=2048, reuse_address=True)
+        front = client_protocol(app, runner, guard, config)
+        site = GuardedSite(
+            runner, options.host, options.port, guard, protocol=front, backlog=2048, reuse_address=True
+        )
         await site.start()
         log.info(
             "client connections bounded at %d (RLIMIT_NOFILE %d, serving.fd_reserve %d); "

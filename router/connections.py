@@ -23,8 +23,8 @@ import asyncio
 import contextlib
 import logging
 import resource
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -57,6 +57,19 @@ class _Refused(asyncio.Protocol):
             transport.close()
 
 
+class Accepted(Protocol):
+    """A connection the header timeout watches: aiohttp's ``RequestHandler`` or the client listener's
+    ``serving.front.FrontProtocol`` (both count requests in ``_request_count``)."""
+
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
+
+    def force_close(self) -> None: ...
+
+
+Connection = Callable[[], Any]  # a protocol factory: a new connection's protocol
+
+
 class ConnectionGuard:
     """Protocol factories with a bound per listener, plus the header-timeout sweeper."""
 
@@ -65,7 +78,7 @@ class ConnectionGuard:
         self.bound = client_bound(settings)
         self.refused = 0
         # connections still waiting for their first request head (pruned by the sweeper)
-        self._accepted_at: dict[RequestHandler, float] = {}
+        self._accepted_at: dict[Accepted, float] = {}
         self._server: web.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self.header_timeouts = 0
@@ -77,10 +90,13 @@ class ConnectionGuard:
     def open_connections(self) -> int:
         return len(self._server.connections) if self._server is not None else 0
 
-    def factory(self, server: web.Server, extra: int = 0) -> Any:
+    def factory(self, server: web.Server, extra: int = 0, protocol: Connection | None = None) -> Any:
+        """The listener's protocol factory: ``protocol`` (default: aiohttp's ``server()``) under the
+        bound. A ``protocol`` must register its connections with ``server`` (they count)."""
         self._server = server
         limit = self.bound + extra
         loop = asyncio.get_running_loop()
+        make_protocol = protocol or server
 
         def make() -> asyncio.BaseProtocol:
             if len(server.connections) >= limit:
@@ -89,11 +105,18 @@ class ConnectionGuard:
                     log.warning("connection refused: %d open, bound %d (refused so far: %d)",
                                 len(server.connections), limit, self.refused)  # fmt: skip
                 return _Refused()
-            handler = server()
-            self._accepted_at[handler] = loop.time()
-            return handler
+            conn = make_protocol()
+            self._accepted_at[conn] = loop.time()
+            return conn
 
         return make
+
+    def adopt(self, old: Accepted, new: RequestHandler) -> None:
+        """A connection changed protocol before its first request (the front handed it to aiohttp):
+        the header timeout keeps counting from its acceptance."""
+        accepted = self._accepted_at.pop(old, None)
+        if accepted is not None:
+            self._accepted_at[new] = accepted
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._sweep(), name="narwhal-header-timeout")
@@ -152,10 +175,11 @@ class GuardedSite(web.TCPSite):
     """``web.TCPSite`` whose connections go through a ``ConnectionGuard`` factory."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, guard: ConnectionGuard, extra: int = 0,
-                 **kw: Any) -> None:  # fmt: skip
+                 protocol: Connection | None = None, **kw: Any) -> None:  # fmt: skip
         super().__init__(runner, host, port, **kw)
         self._guard = guard
         self._extra = extra
+        self._protocol = protocol
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
@@ -163,7 +187,7 @@ class GuardedSite(web.TCPSite):
         assert server is not None
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._guard.factory(server, self._extra),
+            self._guard.factory(server, self._extra, self._protocol),
             self._host,
             self._port,
             ssl=self._ssl_context,

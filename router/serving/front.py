@@ -1,0 +1,381 @@
+"""The client listener's own HTTP/1.1 protocol for the completion routes.
+
+aiohttp's server costs, per request, a request object with its header multidict, a route match, a
+payload stream, a response object and its head serialiser — ~15 % of the router's CPU under load
+(``docs/benchmarks.md`` §0). On the client listener each connection starts with a
+:class:`FrontProtocol` instead: a request head that ``serving/head.py`` recognises as a plain
+``POST /v1/completions`` or ``POST /v1/chat/completions`` is read here (head and whole body) and
+served by ``Serving.handle`` through a :class:`FrontExchange` (one prebuilt response head, written
+with the first bytes of the body). Anything else — ``/health``, ``/metrics``, ``/narwhal/*``, a
+chunked or malformed request — is handed, unread, to aiohttp: the connection's transport is given
+to a new aiohttp ``RequestHandler`` with the bytes received so far, and stays aiohttp's to its end.
+
+What it keeps from aiohttp's server, so the listener behaves the same:
+
+- keep-alive and pipelining (a request that arrives while one is served waits in the buffer; reading
+  pauses when that buffer is over a body and a head);
+- ``TCP_NODELAY``; the client leaving cancels the request's task (``handler_cancellation``);
+- ``serving.idle_timeout_s`` for a connection between requests, and for a request that stopped
+  arriving (a head that never completes counts from the end of the previous response, a body from
+  its last bytes);
+- the connection bound, the header timeout and the graceful stop: a front connection registers with
+  aiohttp's ``web.Server`` (``connection_made`` / ``connection_lost``), so ``ConnectionGuard`` counts
+  it and ``AppRunner.cleanup`` closes it when idle (``close``) and waits up to
+  ``serving.graceful_timeout_s`` for its request (``shutdown``). aiohttp is pinned; the members
+  ``web.Server`` calls on a connection (``close``, ``shutdown``, ``_task_handler``) are here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from router.serving.exchange import BodyTooLarge, Paused
+from router.serving.head import DELEGATE, MAX_HEAD, Head, response_head, scan
+from router.serving.parse import Endpoint
+
+if TYPE_CHECKING:
+    from router.serving.exchange import Exchange
+
+log = logging.getLogger("narwhal.front")
+_LAST_CHUNK = b"0\r\n\r\n"
+LINGER_S = 10.0  # aiohttp's lingering_time: how long an unread body over the limit is read and dropped
+
+
+class Handles(Protocol):
+    async def handle(self, ex: Exchange, endpoint: Endpoint) -> None: ...
+
+
+Adopt = Callable[["FrontProtocol", RequestHandler], None]
+
+
+class FrontServer:
+    """Makes one :class:`FrontProtocol` per accepted connection (the client site's factory)."""
+
+    def __init__(
+        self,
+        serving: Handles,
+        server: web.Server,
+        *,
+        idle_timeout: float,
+        max_body: int,
+        adopt: Adopt | None = None,
+    ) -> None:
+        self.serving = serving
+        self.server = server
+        self.idle_timeout = idle_timeout
+        self.max_body = max_body
+        self.adopt = adopt
+        self.delegated = 0  # connections handed to aiohttp (tests, debugging)
+
+    def __call__(self) -> FrontProtocol:
+        return FrontProtocol(self)
+
+
+class _Sink:
+    """The SSE body of one front response: HTTP chunks straight to the transport."""
+
+    __slots__ = ("_head", "chunked", "ex", "flow", "transport")
+
+    def __init__(self, ex: FrontExchange, transport: asyncio.Transport, head: bytes) -> None:
+        self.ex = ex
+        self.transport = transport
+        self.chunked = True
+        self.flow: Paused = ex.conn
+        self._head = head  # goes out with the first body bytes
+
+    async def write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport.is_closing():
+            raise ConnectionResetError("client disconnected")
+        if not data:
+            return
+        chunk = b"%x\r\n%b\r\n" % (len(data), data)
+        if self._head:
+            chunk, self._head = self._head + chunk, b""
+        transport.write(chunk)
+        if self.ex.conn.writing_paused:
+            await self.ex.conn.drain()
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        transport = self.transport
+        if transport.is_closing():
+            raise ConnectionResetError("client disconnected")
+        out = b"%x\r\n%b\r\n%b" % (len(data), data, _LAST_CHUNK) if data else _LAST_CHUNK
+        if self._head:
+            out, self._head = self._head + out, b""
+        transport.write(out)
+        self.ex.complete = True
+
+    async def drain(self) -> None:
+        await self.ex.conn.drain()
+
+
+class FrontExchange:
+    __slots__ = ("_sink", "body", "complete", "conn", "head", "keep_alive")
+
+    def __init__(self, conn: FrontProtocol, head: Head, body: bytes | None) -> None:
+        self.conn = conn
+        self.head = head
+        self.body = body  # None: over serving.max_request_bytes, not read
+        self.keep_alive = head.keep_alive and body is not None
+        self.complete = False  # the whole response is written
+        self._sink: _Sink | None = None
+
+    @property
+    def client_rid(self) -> str | None:
+        return self.head.client_rid
+
+    @property
+    def content_length(self) -> int | None:
+        return self.head.content_length
+
+    @property
+    def sink(self) -> _Sink | None:
+        return self._sink
+
+    async def read_body(self) -> bytes:
+        if self.body is None:
+            raise BodyTooLarge
+        return self.body
+
+    def _transport(self) -> asyncio.Transport:
+        transport = self.conn.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("client disconnected")
+        return transport
+
+    def respond(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+        transport = self.conn.transport
+        if transport is None or transport.is_closing():
+            return  # nobody to answer; the outcome is already settled
+        keep = self.keep_alive and not self.conn.closing
+        self.keep_alive = keep
+        transport.write(response_head(status, headers, len(body), keep) + body)
+        self.complete = True
+
+    async def open_stream(self, headers: Mapping[str, str]) -> _Sink:
+        transport = self._transport()
+        self.keep_alive = keep = self.keep_alive and not self.conn.closing
+        self._sink = _Sink(self, transport, response_head(200, headers, None, keep))
+        return self._sink
+
+    def abandon(self) -> None:
+        self.keep_alive = False
+
+
+class FrontProtocol(asyncio.Protocol):
+    """One client connection: serves completion requests itself, hands anything else to aiohttp."""
+
+    def __init__(self, front: FrontServer) -> None:
+        self.front = front
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.task: asyncio.Task[None] | None = None
+        self.closing = False
+        self.writing_paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self._read_paused = False
+        self._request_count = 0  # requests received (ConnectionGuard's header timeout reads it)
+        self._task_handler: Any = None  # web.Server.connection_lost reads it (aiohttp's handler task)
+        self._idle_since = 0.0
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._delegated = False
+        self._pending: Head | None = None  # a head whose body is still arriving
+        self._discard = 0  # bytes of a body over the limit still to read and drop
+        self._linger: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol -------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.front.server.connection_made(self, transport)  # type: ignore[arg-type]
+        self._idle_since = self.loop.time()
+        self._idle_timer = self.loop.call_at(self._idle_since + self.front.idle_timeout, self._idle_check)
+
+    def data_received(self, data: bytes) -> None:
+        if self._discard:
+            n = min(len(data), self._discard)
+            self._discard -= n
+            if not self._discard and self._linger is not None and self.transport is not None:
+                self.transport.close()  # the refused body has been read: the client saw the answer
+            return
+        self.buf += data
+        if self.task is None:
+            self._next()
+        elif len(self.buf) > self.front.max_body + 2 * MAX_HEAD and not self._read_paused:
+            self._read_paused = True  # a pipelined request waits for this one; stop reading
+            assert self.transport is not None
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool | None:
+        return None  # close: a half-closed client gets no more requests served
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._delegated:
+            return
+        self.front.server.connection_lost(self, exc)  # type: ignore[arg-type]
+        self.transport = None
+        for timer in (self._idle_timer, self._linger):
+            if timer is not None:
+                timer.cancel()
+        self._idle_timer = self._linger = None
+        if self.task is not None:
+            self.task.cancel()  # the client left: the handler settles the request as cancelled
+        self._wake(ConnectionResetError("client disconnected"))
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        self._wake(None)
+
+    # -- aiohttp's web.Server calls these (pre_shutdown, shutdown) and ConnectionGuard (timeout) ---
+    def close(self) -> None:
+        """Finish the request in progress, then close; close now when idle."""
+        self.closing = True
+        if self.task is None and self.transport is not None:
+            self.transport.close()
+
+    def force_close(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def shutdown(self, timeout: float | None) -> None:  # noqa: ASYNC109 (web.Server calls it so)
+        self.closing = True
+        task = self.task
+        if task is not None:
+            await asyncio.wait({task}, timeout=timeout)
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- flow control ---------------------------------------------------------------------------
+    async def drain(self) -> None:
+        if self.transport is None:
+            raise ConnectionResetError("client disconnected")
+        if not self.writing_paused:
+            return
+        waiter = self._drain
+        if waiter is None or waiter.done():
+            waiter = self._drain = self.loop.create_future()
+        await waiter
+
+    def _wake(self, exc: BaseException | None) -> None:
+        waiter, self._drain = self._drain, None
+        if waiter is not None and not waiter.done():
+            if exc is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(exc)
+
+    # -- requests -------------------------------------------------------------------------------
+    def _next(self) -> None:
+        """Start the request at the head of the buffer, if it is all there."""
+        if self.closing or self.transport is None or not self.buf:
+            return
+        found = self._pending or scan(self.buf)
+        if found is None:
+            return
+        if found == DELEGATE:
+            self._delegate()
+            return
+        assert isinstance(found, Head)
+        if self._pending is None:
+            self._request_count += 1
+        total = found.size + found.content_length
+        if found.content_length > self.front.max_body:
+            # answered 413 without its body; the body is read and dropped (up to LINGER_S after
+            # the answer) so the client is not cut off mid-send, then the connection closes
+            body = None
+            self._discard = max(0, total - len(self.buf))
+            self.buf.clear()
+        elif len(self.buf) < total:
+            self._pending = found
+            self._idle_since = self.loop.time()  # a body on its way: idle counts from its last bytes
+            return
+        else:
+            body = bytes(self.buf[found.size : total])
+            del self.buf[:total]
+        self._pending = None
+        ex = FrontExchange(self, found, body)
+        self.task = self.loop.create_task(self._run(ex, found.endpoint))
+
+    async def _run(self, ex: FrontExchange, endpoint: Endpoint) -> None:
+        try:
+            await self.front.serving.handle(ex, endpoint)
+        except asyncio.CancelledError:
+            pass  # the client left or the stop's grace ran out; the handler settled the request
+        except Exception:  # the handler settles every request itself; this is a bug in the router
+            log.exception("completion request failed outside the handler")
+        finally:
+            self._done(ex)
+
+    def _done(self, ex: FrontExchange) -> None:
+        self.task = None
+        transport = self.transport
+        if transport is None:
+            return
+        if self._discard and ex.complete and not self.closing:
+            self._linger = self.loop.call_later(LINGER_S, transport.close)
+            return
+        if not ex.complete or not ex.keep_alive or self.closing:
+            transport.close()  # a cut or unanswered response, Connection: close, or the stop
+            return
+        self._idle_since = self.loop.time()
+        if self._read_paused:
+            self._read_paused = False
+            transport.resume_reading()
+        if self.buf:
+            self._next()
+
+    def _idle_check(self) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        timeout = self.front.idle_timeout
+        now = self.loop.time()
+        if self.task is None and now - self._idle_since >= timeout:
+            self._idle_timer = None
+            transport.close()
+            return
+        due = self._idle_since + timeout if self.task is None else now + timeout
+        self._idle_timer = self.loop.call_at(due, self._idle_check)
+
+    def _delegate(self) -> None:
+        """Hand the connection, and what it sent so far, to aiohttp (at a request boundary)."""
+        transport = self.transport
+        assert transport is not None
+        front = self.front
+        self._delegated = True
+        front.delegated += 1
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        front.server.connection_lost(self, None)  # type: ignore[arg-type]
+        handler = front.server()
+        if front.adopt is not None and self._request_count == 0:
+            front.adopt(self, handler)  # the header timeout follows the connection
+        self.transport = None
+        data, self.buf = bytes(self.buf), bytearray()
+        if self._read_paused:
+            transport.resume_reading()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        handler.data_received(data)
