@@ -86,7 +86,9 @@ DESCRIPTIONS: dict[str, str] = {
     "serving.queue_timeout_s": "Longest wait in the admission queue before 504 `queue_expired` "
     "(counted `expired`, reason `queue_timeout`); 0 = bounded by `serving.request_timeout_s` only.",
     "serving.max_attempts": "Full prefill+decode attempts per request; never retried after output started.",
-    "serving.max_request_bytes": "Largest accepted request body (413 `request_too_large` above).",
+    "serving.max_request_bytes": "Largest accepted request body (413 `request_too_large` above; the "
+    "refused body is still read, for up to 10 s, so the client sees the answer, then the connection "
+    "closes).",
     "serving.max_response_bytes": "Largest engine response (body bytes of one leg) the router "
     "takes; past it the request fails with reason `response_limit`: 502 before any output reached "
     "the client, an error event on a started stream. Never retried, no breaker evidence.",
@@ -99,9 +101,9 @@ DESCRIPTIONS: dict[str, str] = {
     "start-up, `narwhal_client_connection_bound`); the control listener may take 32 more.",
     "serving.header_timeout_s": "A new connection that has not sent a complete request head within "
     "this many seconds is closed (`narwhal_header_timeouts_total`).",
-    "serving.idle_timeout_s": "A connection with no request in progress (idle keep-alive, or headers "
-    "that never complete) is closed after this many seconds. Requests in progress are bounded by "
-    "`request_timeout_s` instead.",
+    "serving.idle_timeout_s": "A connection with no request in progress (idle keep-alive, headers "
+    "that never complete, or a completion request's body that stopped arriving for this long) is "
+    "closed after this many seconds. Requests in progress are bounded by `request_timeout_s` instead.",
     "serving.fd_reserve": "File descriptors kept free for the control plane's own files and sockets "
     "(lease renewal, state-file writes, engine control calls): client connections never take them.",
     "serving.max_tokens_limit": "Largest `max_tokens` / `max_completion_tokens` a request may ask for: "

@@ -4,10 +4,12 @@ input, client disconnect, journal, counters identity."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import h11
 import httpx
 import openai
 import pytest
@@ -139,6 +141,71 @@ def test_bad_input_gets_spec_errors_and_disturbs_nothing(fleet: tuple[RouterHand
     assert (
         router.post("/v1/completions", {"model": MODEL, "prompt": "ok", "max_tokens": 2}).status_code == 200
     )
+
+
+def _responses(sock: socket.socket, n: int) -> list[tuple[int, dict[bytes, bytes], bytes]]:
+    """``n`` responses read off one connection with h11 (strict framing: chunked or length)."""
+    conn = h11.Connection(h11.CLIENT)
+    out: list[tuple[int, dict[bytes, bytes], bytes]] = []
+    for _ in range(n):
+        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+            conn.start_next_cycle()
+        conn.send(h11.Request(method="POST", target="/", headers=[("host", "r"), ("content-length", "0")]))
+        conn.send(h11.EndOfMessage())
+        status, headers, body = 0, {}, b""
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(sock.recv(65536))
+            elif isinstance(event, h11.Response):
+                status, headers = event.status_code, dict(event.headers)
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                break
+        out.append((status, headers, body))
+    return out
+
+
+def test_one_connection_carries_pipelined_completions_health_and_a_chunked_request(
+    fleet: tuple[RouterHandle, list[SimEngine]],
+) -> None:
+    """The client listener serves completions itself and hands other requests to aiohttp on the
+    same keep-alive connection, in order; a chunked request body (aiohttp's) is served the same."""
+    router, sims = fleet
+    prefill_before = sim_stats(sims[0].url)["requests"]["prefill"]
+
+    def post(body: dict[str, Any], extra: bytes = b"") -> bytes:
+        raw = json.dumps(body).encode()
+        return b"POST /v1/completions HTTP/1.1\r\nHost: r\r\n%sContent-Length: %d\r\n\r\n%s" % (
+            extra,
+            len(raw),
+            raw,
+        )
+
+    chunked = json.dumps({"model": MODEL, "prompt": "chunks", "max_tokens": 2}).encode()
+    with socket.create_connection(("127.0.0.1", router.port), timeout=30) as sock:
+        sock.sendall(post({"model": MODEL, "prompt": "one", "max_tokens": 3}, b"X-Request-Id: pipe-1\r\n"))
+        ((status, headers, body),) = _responses(sock, 1)
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
+        assert headers[b"content-type"] == b"application/json" and len(headers[b"x-request-id"]) == 32
+        sock.sendall(
+            post({"model": MODEL, "prompt": "two", "max_tokens": 4, "stream": True})
+            + b"GET /health HTTP/1.1\r\nHost: r\r\n\r\n"
+            + b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunked), chunked)
+        )
+        streamed, health, whole = _responses(sock, 3)
+    assert streamed[0] == 200 and streamed[1][b"content-type"] == b"text/event-stream"
+    events = [line for line in streamed[2].split(b"\n") if line.startswith(b"data: ")]
+    assert events[-1] == b"data: [DONE]" and len(events) >= 5  # four tokens (+ usage) and [DONE]
+    assert health[0] == 200 and json.loads(health[2])["status"]
+    assert whole[0] == 200 and json.loads(whole[2])["usage"]["completion_tokens"] == 2
+    assert sim_stats(sims[0].url)["requests"]["prefill"] - prefill_before == 3  # all three reached it
+    row = wait_until(
+        lambda: [r for r in router.journal_rows() if r.get("client_rid") == "pipe-1"], what="row"
+    )
+    assert row[0]["terminal"] == "completed" and row[0]["output_len"] == 3
 
 
 def test_client_disconnect_cancels_and_closes_the_decode_stream(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import queue
 import re
 from pathlib import Path
 
@@ -42,3 +44,28 @@ def test_memory_only_journal_keeps_recent_rows() -> None:
     j.append({"event": "e"})
     j.close()
     assert j.recent[-1]["event"] == "e" and j.recent[-1]["run"] == j.run_id
+
+
+async def test_rows_appended_on_a_loop_reach_the_writer_in_one_batch(tmp_path: Path) -> None:
+    handed: list[bytes | None] = []
+
+    class Recording(queue.SimpleQueue[bytes | None]):
+        def put(self, item: bytes | None, block: bool = True, timeout: float | None = None) -> None:
+            handed.append(item)
+            super().put(item, block, timeout)
+
+    journal = Journal(tmp_path / "j.jsonl")
+    journal._queue = Recording()
+    journal.open()
+    handed.clear()  # the header
+    for i in range(100):
+        journal.append({"event": "request", "i": i})
+    assert handed == []  # nothing handed over inside the loop iteration that appended them
+    async with asyncio.timeout(20):
+        while len((tmp_path / "j.jsonl").read_text().splitlines()) < 101:  # noqa: ASYNC110 - the writer thread's file
+            await asyncio.sleep(0.01)
+    assert len(handed) == 1  # one wake-up of the writer for the batch
+    journal.append({"event": "late"})  # a row pending at close is written too
+    journal.close()
+    rows = [json.loads(line) for line in (tmp_path / "j.jsonl").read_text().splitlines()]
+    assert [r.get("i") for r in rows[1:101]] == list(range(100)) and rows[-1]["event"] == "late"
