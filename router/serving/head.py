@@ -1,7 +1,7 @@
 """HTTP/1.1 heads for the client listener's own protocol (``serving/front.py``): pure bytes work.
 
-:func:`scan` reads the request head at the start of a connection's buffer and says one of three
-things: not all there yet (``None``), a completion request the front serves itself (:class:`Head`),
+:func:`scan` reads the request head at the start of a connection's buffer (parsed by httptools)
+and says one of three things: not all there yet (``None``), a completion request the front serves itself (:class:`Head`),
 or :data:`DELEGATE` — anything else, which the front hands, unread, to aiohttp: other paths and
 methods, a query string, HTTP/1.0, a chunked body, ``Expect``, ``Upgrade``, a missing or repeated
 ``Content-Length``, and every malformed head (aiohttp answers those with its own 400). So the front
@@ -15,21 +15,20 @@ connection ends after it.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Final, Literal, NamedTuple
 
+import httptools
+
 from router.serving.parse import Endpoint
 
 MAX_HEAD: Final = 8190  # aiohttp's line and field limit: a longer head is aiohttp's to refuse
 TARGETS: Final[dict[bytes, Endpoint]] = {b"/v1/completions": "completions", b"/v1/chat/completions": "chat"}
 _PREFIX: Final = b"POST /v1/"
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-# control bytes other than HTAB, a CR not before LF, an LF not after CR (bare line ends)
-_BAD = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n")
+_REFUSED: Final = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 
 
 class Head(NamedTuple):
@@ -44,51 +43,58 @@ DELEGATE: Final = "delegate"
 Scan = Head | Literal["delegate"] | None
 
 
+class _Fields:
+    """httptools callbacks for one head: what the front needs, and whether it must delegate."""
+
+    __slots__ = ("delegate", "length", "rid", "url")
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.length: int | None = None
+        self.rid: str | None = None
+        self.delegate = False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-length":
+            self.length = int(value)  # llhttp checked it: digits, one value
+        elif name == b"x-request-id":
+            if self.rid is None:
+                self.rid = value.decode("latin-1")
+        elif name in _REFUSED:
+            self.delegate = True
+
+
 def scan(buf: bytes | bytearray) -> Scan:
-    """The request head at the start of ``buf``: a :class:`Head`, ``DELEGATE``, or None (need more)."""
+    """The request head at the start of ``buf``: a :class:`Head`, ``DELEGATE``, or None (need more).
+
+    The head is parsed by httptools (llhttp, strict): whatever it refuses, aiohttp refuses too."""
     n = len(buf)
     if buf[:9] != _PREFIX[: min(n, 9)]:
         return DELEGATE
     end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
     if end < 0:
         return DELEGATE if n >= MAX_HEAD + 4 else None
-    head = bytes(buf[:end])
-    if _BAD.search(head):
+    fields = _Fields()
+    parser = httptools.HttpRequestParser(fields)
+    try:
+        parser.feed_data(bytes(buf[: end + 4]))
+    except (httptools.HttpParserError, httptools.HttpParserUpgrade):  # malformed, or an upgrade: aiohttp
         return DELEGATE
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or parts[2] != b"HTTP/1.1":
+    if (
+        fields.delegate
+        or fields.length is None
+        or parser.get_http_version() != "1.1"
+        or parser.get_method() != b"POST"
+    ):
         return DELEGATE
-    endpoint = TARGETS.get(parts[1])
+    endpoint = TARGETS.get(fields.url)
     if endpoint is None:
         return DELEGATE
-    length: int | None = None
-    keep_alive = True
-    rid: str | None = None
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not _TOKEN.fullmatch(name):
-            return DELEGATE  # no colon, an empty or bad name, whitespace before the colon, obs-fold
-        name = name.lower()
-        value = value.strip(b" \t")
-        if name == b"content-length":
-            if length is not None or not value.isdigit():
-                return DELEGATE
-            length = int(value)
-        elif name == b"x-request-id":
-            if rid is None:
-                rid = value.decode("latin-1")
-        elif name == b"connection":
-            tokens = {t.strip() for t in value.lower().split(b",")}
-            if b"upgrade" in tokens:
-                return DELEGATE
-            if b"close" in tokens:
-                keep_alive = False
-        elif name in (b"transfer-encoding", b"expect", b"upgrade"):
-            return DELEGATE
-    if length is None:
-        return DELEGATE
-    return Head(endpoint, end + 4, length, keep_alive, rid)
+    return Head(endpoint, end + 4, fields.length, parser.should_keep_alive(), fields.rid)
 
 
 _STATUS_LINES: dict[int, bytes] = {}
