@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.fleet import process_start, reset_faults, set_fault
@@ -94,30 +95,41 @@ def test_bad_replacements_stay_blocked(tmp_path: Path) -> None:
 
 
 def test_deadline_exceeded_keeps_work_then_drains(tmp_path: Path) -> None:
+    """Work resident past the drain deadline is kept (never cancelled) and the engine drains when it
+    ends. A long stream of the test's own holds the engine past the deadline, whatever the load's
+    requests do (a load request could otherwise end before the first look after the deadline)."""
     with proc_group(tmp_path) as group:
         s = start_stack(group, tmp_path, itl_ms=60)
-        with client_load(s.router.url, workers=6, max_tokens=30) as load:
+        body = {"model": "sim-model", "prompt": "hold", "max_tokens": 2000, "stream": True}
+        with httpx.stream("POST", s.router.url + "/v1/completions", json=body, timeout=60) as held:
+            assert held.status_code == 200
+            lines = held.iter_lines()  # kept: a dropped iterator closes the stream
+            first = next(lines)
+            assert first.startswith("data: {") and "error" not in first, first  # resident on an engine now
 
             def busy() -> str | None:
                 engines = s.lifecycle()["engines"]
                 return next((i for i, v in engines.items() if v["resident"]["decode"] > 0), None)
 
-            iid = wait_for("an engine with resident decode work", busy)
-            status, doc = s.post("drain", {"engines": [iid], "deadline_s": 0.05})
-            assert status == 200, doc
+            iid = wait_for("the engine holding the stream", busy)
+            with client_load(s.router.url, workers=6, max_tokens=30) as load:
+                status, doc = s.post("drain", {"engines": [iid], "deadline_s": 0.05})
+                assert status == 200, doc
 
-            def exceeded() -> dict[str, Any] | None:
-                view = s.lifecycle()["engines"][iid]
-                return view if view["state"] == "deadline_exceeded" else None
+                def exceeded() -> dict[str, Any] | None:
+                    view = s.lifecycle()["engines"][iid]
+                    return view if view["state"] == "deadline_exceeded" else None
 
-            view = wait_for("deadline_exceeded", exceeded, timeout=5)
-            assert view["error"].endswith("resident request(s) remain after the drain deadline")
-            assert not view["ready_to_stop"] and not view["accepts_new"]
-            view = wait_for(
-                "drained", lambda: (v := s.lifecycle()["engines"][iid])["state"] == "drained" and v
-            )
-            assert view["ready_to_stop"] and view["error"].endswith("after the drain deadline")
-        assert load.failed == [], load.failed[:5]  # the deadline never cancels work
+                view = wait_for("deadline_exceeded", exceeded)
+                assert view["error"].endswith("resident request(s) remain after the drain deadline")
+                assert not view["ready_to_stop"] and not view["accepts_new"]
+                held.close()  # the held stream ends; the load's requests on the engine finish
+                view = wait_for(
+                    "drained", lambda: (v := s.lifecycle()["engines"][iid])["state"] == "drained" and v
+                )
+                assert view["ready_to_stop"] and view["error"].endswith("after the drain deadline")
+            assert load.failed == [], load.failed[:5]  # the deadline never cancels work
+            assert load.ok > 0
 
 
 def test_identity_capture_failure_then_retry(tmp_path: Path) -> None:

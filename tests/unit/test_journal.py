@@ -62,7 +62,8 @@ async def test_rows_appended_on_a_loop_reach_the_writer_in_one_batch(tmp_path: P
         journal.append({"event": "request", "i": i})
     assert handed == []  # nothing handed over inside the loop iteration that appended them
     async with asyncio.timeout(20):
-        while len((tmp_path / "j.jsonl").read_text().splitlines()) < 101:  # noqa: ASYNC110 - the writer thread's file
+        path = tmp_path / "j.jsonl"  # the writer thread creates it
+        while not path.exists() or len(path.read_text().splitlines()) < 101:  # noqa: ASYNC110 - the writer's file
             await asyncio.sleep(0.01)
     assert len(handed) == 1  # one wake-up of the writer for the batch
     journal.append({"event": "late"})  # a row pending at close is written too
