@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import jsonschema
 
+from fleet.testing import loopback
 from fleet.testing.fleet import FAST, SimEngine, start_supervisor, write_fleet
 from fleet.testing.procs import ProcGroup
 from fleet.testing.router import RouterHandle, start_router
@@ -46,13 +47,13 @@ class Stack:
         return r.status_code, doc
 
     def restart(self, iid: str) -> dict[str, Any]:
-        r = httpx.post(f"{self.supervisor}/engines/{iid}/restart", timeout=60)
+        r = loopback.post(f"{self.supervisor}/engines/{iid}/restart", timeout=60)
         r.raise_for_status()
         out: dict[str, Any] = r.json()
         return out
 
     def supervise(self, iid: str, action: str) -> None:
-        httpx.post(f"{self.supervisor}/engines/{iid}/{action}", timeout=60).raise_for_status()
+        loopback.post(f"{self.supervisor}/engines/{iid}/{action}", timeout=60).raise_for_status()
 
 
 def start_stack(
@@ -99,7 +100,7 @@ def client_load(router_url: str, workers: int = 4, max_tokens: int = 24) -> Iter
     lock = threading.Lock()
 
     def worker(i: int) -> None:
-        with httpx.Client(timeout=30) as client:
+        with loopback.client(timeout=30) as client:
             while not load.stop.is_set():
                 body = {
                     "model": "sim-model",
