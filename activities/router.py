@@ -9,7 +9,8 @@
 - Idempotent: a retried drain that meets 409 "lifecycle action already active" for engines that are
   held with their identity recorded is success; a retried readmit that meets 409 for engines already
   ``active`` with a ``new_process_start`` newer than the drain record is success.
-- Waits heartbeat (``wait_ready_to_stop``) or poll by retry (``confirm_active``).
+- Waits heartbeat (``wait_ready_to_stop``) or poll by retry (``confirm_active``, whose attempts
+  heartbeat too: an attempt lost with a killed worker is retried after ``heartbeat_timeout``).
 """
 
 from __future__ import annotations
@@ -317,6 +318,9 @@ class LifecycleActivities:
     @activity.defn(name="confirm_active")
     async def confirm_active(self, req: ConfirmRequest) -> FleetView:
         """Poll-by-retry: every engine ``active`` + ``accepts_new`` (and ``/ready`` 200 if asked)."""
+        return await heartbeating(self._confirm_active(req))
+
+    async def _confirm_active(self, req: ConfirmRequest) -> FleetView:
         view = await self.client.find_holder(req.router)
         mine = _subset(view, req.engines)
         bad = {

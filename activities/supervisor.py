@@ -91,6 +91,9 @@ class SupervisorActivities:
     @activity.defn(name="wait_new_process")
     async def wait_new_process(self, target: EngineTarget) -> NewProcess:
         """Poll-by-retry: succeeds once the engine serves a process newer than the drain record."""
+        return await heartbeating(self._new_process(target))
+
+    async def _new_process(self, target: EngineTarget) -> NewProcess:
         url = await self.engine_url(target.iid, target.url, target.supervisor)
         live = await self.live_process_start(url)
         if live is None:

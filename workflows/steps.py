@@ -387,6 +387,7 @@ class RunbookSteps:
                 target,
                 start_to_close_timeout=timedelta(seconds=30),
                 schedule_to_close_timeout=timedelta(seconds=wait_s),
+                heartbeat_timeout=self.heartbeat(),  # an attempt lost with its worker: retried then
                 retry_policy=self.poll_retry(),
                 summary=f"wait for {iid} to serve a new process (up to {limit:g}s)",
             )
@@ -530,6 +531,7 @@ class RunbookSteps:
                     ConfirmRequest(router=self.router, engines=iids, require_ready=wave),
                     start_to_close_timeout=timedelta(seconds=self.router.request_timeout_s * 3 + 5),
                     schedule_to_close_timeout=timedelta(seconds=self.timing.confirm_timeout_s),
+                    heartbeat_timeout=self.heartbeat(),
                     retry_policy=self.poll_retry(),
                     summary=f"confirm {self.names(iids)} active and accepting",
                 )

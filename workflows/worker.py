@@ -4,6 +4,8 @@
 
 Defaults come from ``TEMPORAL_ADDRESS`` / ``TEMPORAL_NAMESPACE``. SIGTERM/SIGINT shut the worker
 down gracefully (running activities get ``--grace`` seconds, then are retried by another worker).
+A worker that dies without that (SIGKILL) leaves the workflow tasks handed to its sticky queue: they
+go back to the task queue after ``--sticky-timeout`` seconds (10, the SDK's default).
 Router control tokens are read from the environment variables the workflows name.
 """
 
@@ -38,6 +40,20 @@ from workflows.restart import EngineRestart, RollingRestart, WaveRestart
 
 log = logging.getLogger("narwhal.worker")
 SERVICE_NAME = "narwhal-worker"
+# The SDK's default: a workflow task handed to this worker's sticky queue waits this long for it
+# before it goes back to the task queue (where any worker replays the history and takes it).
+STICKY_TIMEOUT = timedelta(seconds=10)
+
+
+def positive_seconds(value: str) -> float:
+    """argparse type: a number of seconds > 0."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds: {value!r}")
+    return seconds
 
 
 def log_level(value: str) -> str:
@@ -52,7 +68,11 @@ def log_level(value: str) -> str:
 
 
 def build_worker(
-    client: Client, task_queue: str, http: httpx.AsyncClient, grace: timedelta = timedelta(seconds=10)
+    client: Client,
+    task_queue: str,
+    http: httpx.AsyncClient,
+    grace: timedelta = timedelta(seconds=10),
+    sticky_timeout: timedelta = STICKY_TIMEOUT,
 ) -> Worker:
     lifecycle = LifecycleActivities(LifecycleClient(http))
     supervisor = SupervisorActivities(http)
@@ -72,10 +92,13 @@ def build_worker(
             supervisor.start_engine,
         ],
         graceful_shutdown_timeout=grace,
+        sticky_queue_schedule_to_start_timeout=sticky_timeout,
     )
 
 
-async def serve(address: str, namespace: str, task_queue: str, grace_s: float) -> None:
+async def serve(
+    address: str, namespace: str, task_queue: str, grace_s: float, sticky_timeout_s: float = 10.0
+) -> None:
     client = await connect(address, namespace)
     added = await ensure_search_attributes(client, namespace)
     if added:
@@ -88,7 +111,9 @@ async def serve(address: str, namespace: str, task_queue: str, grace_s: float) -
         if telemetry.tracing_installed():
             telemetry.instrument_httpx(http)  # activities' router/supervisor/engine calls carry traceparent
         # The client's TracingInterceptor (workflows.client.connect) also intercepts this worker.
-        worker = build_worker(client, task_queue, http, timedelta(seconds=grace_s))
+        worker = build_worker(
+            client, task_queue, http, timedelta(seconds=grace_s), timedelta(seconds=sticky_timeout_s)
+        )
         async with worker:
             log.info("narwhal-worker polling %s on %s/%s", task_queue, address, namespace)
             print(f"narwhal-worker ready: task queue {task_queue} on {address} ({namespace})", flush=True)
@@ -105,12 +130,19 @@ def _main(argv: Sequence[str] | None) -> int:
     p.add_argument(
         "--grace", type=float, default=10.0, help="graceful shutdown seconds for running activities"
     )
+    p.add_argument(
+        "--sticky-timeout",
+        type=positive_seconds,
+        default=STICKY_TIMEOUT.total_seconds(),
+        help="seconds a workflow task waits on this worker's sticky queue before any worker may take "
+        "it (a worker killed mid-restart is replaced after this long)",
+    )
     p.add_argument("--log-level", type=log_level, default="INFO", help="debug|info|warning|error (any case)")
     args = p.parse_args(argv)
     setup_logging(args.log_level)  # the activities' per-poll httpx lines only at debug
     telemetry.setup_tracing(SERVICE_NAME)  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
     try:
-        asyncio.run(serve(args.address, args.namespace, args.task_queue, args.grace))
+        asyncio.run(serve(args.address, args.namespace, args.task_queue, args.grace, args.sticky_timeout))
     except TemporalUnavailable as exc:
         print(f"narwhal-worker: error: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from fleet.testing.procs import free_port
 from fleet.up.ports import Ports, port_free
 from fleet.up.stack import Stack as UpStack
 from fleet.up.stack import Timings as UpTimings
+from fleet.up.stack import together
 
 FLEET_NAME = "chaos"
 
@@ -123,11 +124,10 @@ class ChaosStack:
         return args
 
     async def bring_up(self) -> None:
+        """Temporal beside the supervisor (with its engines), then the worker beside the routers."""
         self.up.write_configs()
-        await self.up.start_temporal()
-        await self.up.start_supervisor()
-        await self.up.start_worker()
-        await self.up.start_routers()
+        await together(self.up.start_temporal(), self.up.start_supervisor())
+        await together(self.up.start_worker(), self.up.start_routers())
 
     async def close(self) -> None:
         await self.up.procs.stop_all()

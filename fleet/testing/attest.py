@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from fleet.testing import loopback
 from fleet.testing.procs import Proc, ProcGroup, free_port, script, wait_http
 
 
@@ -24,7 +25,7 @@ class Sidecar:
         return self.url + "/v1/attestation"
 
     def health(self) -> httpx.Response:
-        return httpx.get(self.url + "/health", timeout=5.0)
+        return loopback.get(self.url + "/health", timeout=5.0)
 
 
 def write_contract(path: Path, contract: dict[str, Any]) -> Path:
@@ -33,7 +34,7 @@ def write_contract(path: Path, contract: dict[str, Any]) -> Path:
 
 
 def engine_pids(supervisor_url: str) -> dict[str, int]:
-    doc = httpx.get(supervisor_url + "/engines", timeout=10.0).json()
+    doc = loopback.get(supervisor_url + "/engines", timeout=10.0).json()
     return {iid: int(e["pid"]) for iid, e in doc["engines"].items() if e.get("pid")}
 
 

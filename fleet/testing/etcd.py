@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from fleet.testing import loopback
 from fleet.testing.procs import Proc, free_port
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
@@ -118,7 +119,7 @@ class EtcdCluster:
     def status(self, i: int, timeout: float = 1.0) -> dict[str, str] | None:
         m = self.members[i]
         try:
-            r = httpx.post(m.url + "/v3/maintenance/status", json={}, timeout=timeout, trust_env=False)
+            r = loopback.post(m.url + "/v3/maintenance/status", json={}, timeout=timeout, trust_env=False)
         except httpx.HTTPError:
             return None
         if r.status_code != 200:
@@ -147,7 +148,7 @@ class EtcdCluster:
         """The member answers a linearizable read (it is part of a quorum)."""
         m = self.members[i]
         try:
-            r = httpx.post(m.url + "/v3/kv/range", json={"key": "aGVhbHRo"}, timeout=1.5, trust_env=False)
+            r = loopback.post(m.url + "/v3/kv/range", json={"key": "aGVhbHRo"}, timeout=1.5, trust_env=False)
         except httpx.HTTPError:
             return False
         return r.status_code == 200 and "header" in r.json()
@@ -184,7 +185,7 @@ class EtcdCluster:
             if not m.alive():
                 continue
             try:
-                r = httpx.post(m.url + "/v3/kv/" + path, json=body, timeout=3.0, trust_env=False)
+                r = loopback.post(m.url + "/v3/kv/" + path, json=body, timeout=3.0, trust_env=False)
             except httpx.HTTPError:
                 continue
             if r.status_code == 200:

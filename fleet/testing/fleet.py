@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from fleet.fleetgen import fleet_document, sim_command, supervisor_config
+from fleet.testing import loopback
 from fleet.testing.procs import BIN, Proc, ProcGroup, free_port, script, wait_http
 
 # fleet-file settings for tests: a fast monitor and recovery sweeps (``write_fleet(..., extra=FAST)``)
@@ -93,28 +92,28 @@ def write_fleet(tmp_path: Path, sims: Sequence[SimEngine], name: str = "fleet.js
 
 
 def set_fault(url: str, **faults: Any) -> dict[str, Any]:
-    r = httpx.post(url.rstrip("/") + "/sim/faults", json=faults, timeout=5.0)
+    r = loopback.post(url.rstrip("/") + "/sim/faults", json=faults, timeout=5.0)
     r.raise_for_status()
     result: dict[str, Any] = r.json()
     return result
 
 
 def reset_faults(url: str) -> dict[str, Any]:
-    r = httpx.post(url.rstrip("/") + "/sim/faults/reset", timeout=5.0)
+    r = loopback.post(url.rstrip("/") + "/sim/faults/reset", timeout=5.0)
     r.raise_for_status()
     result: dict[str, Any] = r.json()
     return result
 
 
 def sim_stats(url: str) -> dict[str, Any]:
-    r = httpx.get(url.rstrip("/") + "/sim/stats", timeout=5.0)
+    r = loopback.get(url.rstrip("/") + "/sim/stats", timeout=5.0)
     r.raise_for_status()
     result: dict[str, Any] = r.json()
     return result
 
 
 async def aset_fault(url: str, **faults: Any) -> dict[str, Any]:
-    async with httpx.AsyncClient(timeout=5.0) as client:
+    async with loopback.async_client(timeout=5.0) as client:
         r = await client.post(url.rstrip("/") + "/sim/faults", json=faults)
         r.raise_for_status()
         result: dict[str, Any] = r.json()
@@ -122,7 +121,7 @@ async def aset_fault(url: str, **faults: Any) -> dict[str, Any]:
 
 
 async def asim_stats(url: str) -> dict[str, Any]:
-    async with httpx.AsyncClient(timeout=5.0) as client:
+    async with loopback.async_client(timeout=5.0) as client:
         r = await client.get(url.rstrip("/") + "/sim/stats")
         r.raise_for_status()
         result: dict[str, Any] = r.json()
@@ -133,7 +132,7 @@ def process_start(url: str) -> float:
     """The engine's live ``process_start_time_seconds`` from /metrics."""
     from fleet.managed import parse_process_start
 
-    text = httpx.get(url.rstrip("/") + "/metrics", timeout=5.0).text
+    text = loopback.get(url.rstrip("/") + "/metrics", timeout=5.0).text
     value = parse_process_start(text)
     if value is None:
         raise ValueError(f"{url}/metrics has no process_start_time_seconds")

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from fleet.procs import Proc, ProcGroup, proc_group
+from fleet.testing import loopback
 
 REPO = Path(__file__).resolve().parents[2]
 __all__ = [
@@ -83,7 +84,7 @@ def wait_http(
         if proc is not None and not proc.alive():
             raise RuntimeError(f"process exited before {url} answered:\n{proc.output()[-3000:]}")
         try:
-            r = httpx.get(url, timeout=1.0)
+            r = loopback.get(url, timeout=1.0)
             if r.status_code in ok:
                 return
             last = f"HTTP {r.status_code}"

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from fleet.testing import loopback
 from fleet.testing.metrics import Samples, parse_samples
 from fleet.testing.procs import Proc, ProcGroup, free_port, script, wait_http
 
@@ -26,13 +27,13 @@ class RouterHandle:
         self.control_url = self.control_url or self.url
 
     def get(self, path: str, timeout: float = 5.0, control: bool = False) -> httpx.Response:
-        return httpx.get((self.control_url if control else self.url) + path, timeout=timeout)
+        return loopback.get((self.control_url if control else self.url) + path, timeout=timeout)
 
     def post(
         self, path: str, body: Any = None, timeout: float = 30.0, control: bool = False, **kw: Any
     ) -> httpx.Response:
         base = self.control_url if control else self.url
-        return httpx.post(base + path, json=body, timeout=timeout, **kw)
+        return loopback.post(base + path, json=body, timeout=timeout, **kw)
 
     def metrics(self) -> Samples:
         """``/metrics`` as {"name{labels}": value}, read with prometheus_client (labels any order)."""

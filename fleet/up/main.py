@@ -39,7 +39,7 @@ import httpx
 from fleet.procs import ChildExited
 from fleet.up.load import LoadGenerator, LoadStats
 from fleet.up.ports import OFFSETS, plan_ports, port_problems
-from fleet.up.stack import MODEL, Stack, StartupError, Timings, roles, rolling_problem
+from fleet.up.stack import MODEL, Stack, StartupError, Timings, roles, rolling_problem, together
 from fleet.up.summary import EngineChange, Failover, Summary, Takeover
 from fleet.up.watch import RPC_TIMEOUT, HAWatcher, failover_trigger, progress_lines
 
@@ -249,32 +249,36 @@ async def up(stack: Stack, args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     say(f"state dir {stack.state_dir} (logs in {stack.log_dir})")
     stack.write_configs()
+    # Temporal, the supervisor (with its engines) and etcd need nothing of each other: they start
+    # side by side; the routers need the engines (and etcd), the worker needs Temporal.
     say(f"starting Temporal dev server on {stack.temporal_address} (UI {stack.ui_url}) ...")
-    await stack.start_temporal()
     say(f"starting supervisor {stack.supervisor_url} with {len(stack.iids)} engines ...")
-    await stack.start_supervisor()
+    first = [stack.start_temporal(), stack.start_supervisor()]
     if stack.etcd:
         say(f"starting etcd {stack.etcd_url} (the router pair's lease backend) ...")
-        await stack.start_etcd()
+        first.append(stack.start_etcd())
+    await together(*first)
     wait = stack.stale_lease_wait()
     if wait > 0:
         say(f"a previous run's lease in {stack.lease_path} expires in {wait:.1f}s; waiting")
         await asyncio.sleep(wait + 0.1)
-    if stack.replicas:
-        say(
-            f"starting {stack.replicas} active-active router replicas: {', '.join(stack.routers.values())} ..."
-        )
-        await stack.start_replicas()
-    else:
-        say(f"starting routers: primary {stack.primary_url}, standby {stack.standby_url} ...")
-        await stack.start_routers()
     watcher = HAWatcher(stack.routers, on_takeover=_announce_takeover)
-    stack.watcher = watcher
-    async with httpx.AsyncClient() as http:
-        await watcher.poll_once(http)
-    watcher.start()
+
+    async def routers_watched() -> None:  # the watcher sees the first claim, not a takeover
+        if stack.replicas:
+            urls = ", ".join(stack.routers.values())
+            say(f"starting {stack.replicas} active-active router replicas: {urls} ...")
+            await stack.start_replicas()
+        else:
+            say(f"starting routers: primary {stack.primary_url}, standby {stack.standby_url} ...")
+            await stack.start_routers()
+        stack.watcher = watcher
+        async with httpx.AsyncClient() as http:
+            await watcher.poll_once(http)
+        watcher.start()
+
     say(f"starting worker on {stack.temporal_address} ...")
-    await stack.start_worker()
+    await together(routers_watched(), stack.start_worker())
     if args.load_concurrency > 0:
         load = LoadGenerator(
             list(stack.routers.values()), MODEL, concurrency=args.load_concurrency,

@@ -20,6 +20,7 @@ import importlib.metadata as md
 import json
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,13 +62,14 @@ class Timings:
     max_tokens: int = 16
     think_s: float = 0.05
     worker_grace: float = 5.0
+    sticky_timeout: float = 10.0  # narwhal-worker --sticky-timeout: a killed worker's tasks move on after it
 
     @classmethod
     def fast(cls) -> Timings:
         return cls(
             lease_ttl=2.0, lease_renew_interval=0.4, lease_safety_margin=0.5, standby_probe_interval=0.1,
             standby_takeover_after=3, poll_interval=0.2, monitor_interval=0.1, ttft_base_ms=1.0,
-            itl_ms=0.5, max_tokens=8, think_s=0.02, worker_grace=2.0,
+            itl_ms=0.5, max_tokens=8, think_s=0.02, worker_grace=2.0, sticky_timeout=1.0,
         )  # fmt: skip
 
 
@@ -350,6 +352,7 @@ class Stack:
         args = [
             venv_script("narwhal-worker"), "--address", self.temporal_address, "--namespace", NAMESPACE,
             "--task-queue", TASK_QUEUE, "--grace", str(self.t.worker_grace),
+            "--sticky-timeout", str(self.t.sticky_timeout),
         ]  # fmt: skip
         child = self.procs.start("worker", args, grace_s=self.t.worker_grace + 10.0)
         deadline = time.monotonic() + 60.0
@@ -394,6 +397,19 @@ class Stack:
         raise StartupError(
             f"{child.name} not answering {url} after {within_s:.0f}s ({last}); log {child.log_path}:\n{child.tail()}"
         )
+
+
+async def together(*steps: Awaitable[Any]) -> None:
+    """Run start-up steps side by side; the first failure cancels the others and is raised as is
+    (a ``StartupError`` stays one, where a task group would wrap it)."""
+    tasks = [asyncio.ensure_future(step) for step in steps]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _write_json(path: Path, doc: Any) -> None:

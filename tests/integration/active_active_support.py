@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from tests.support import loopback
 from tests.support.fleet import SimEngine, sim_stats, write_fleet
 from tests.support.lifecycle import FAST, running_threads, wait_for
 from tests.support.procs import ProcGroup
@@ -118,7 +119,7 @@ def replica_load(urls: list[str], workers: int = 6, max_requests: int = 20_000) 
 
     def worker(i: int) -> None:
         n = i
-        with httpx.Client(timeout=30) as client:
+        with loopback.client(timeout=30) as client:
             while not load.stop.is_set():
                 with load.lock:
                     if budget[0] <= 0:
@@ -162,7 +163,7 @@ class LongStream:
         def run() -> None:
             body = {"model": "sim-model", "prompt": "long", "max_tokens": self.max_tokens, "stream": True}
             try:
-                with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=120) as r:
+                with loopback.stream("POST", self.url + "/v1/completions", json=body, timeout=120) as r:
                     self.status = r.status_code
                     self.text = "".join(r.iter_text())
             except httpx.HTTPError as exc:

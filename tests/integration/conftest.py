@@ -65,10 +65,15 @@ async def no_workflow_outlives_its_test(request: pytest.FixtureRequest) -> Async
             )
 
 
+# a killed worker's workflow tasks go to its replacement after 1 s (the SDK default is 10 s)
+STICKY_TIMEOUT = "1"
+
+
 def start_worker(group: ProcGroup, t: Temporal, task_queue: str, name: str = "worker") -> Proc:
+    args = [script("narwhal-worker"), "--address", t.address, "--task-queue", task_queue]
     proc = group.start(
         name,
-        [script("narwhal-worker"), "--address", t.address, "--task-queue", task_queue, "--grace", "2"],
+        [*args, "--grace", "2", "--sticky-timeout", STICKY_TIMEOUT],
         env={"NARWHAL_TEST_TOKEN": os.environ.get("NARWHAL_TEST_TOKEN", "")},
     )
     return proc

@@ -8,10 +8,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 from temporalio.client import WorkflowHandle
 
 from tests.integration.conftest import Temporal
+from tests.support import loopback
 from tests.support.procs import script
 from workflows.models import (
     RestartPlan,
@@ -82,12 +82,12 @@ async def until(what: str, check: Callable[[], Any], within: float = 60.0) -> An
 
 
 def supervisor_restarts(supervisor: str) -> dict[str, int]:
-    body = httpx.get(f"{supervisor}/engines", timeout=5).json()
+    body = loopback.get(f"{supervisor}/engines", timeout=5).json()
     return {iid: int(e["restarts"]) for iid, e in body["engines"].items()}
 
 
 def lifecycle(router_url: str) -> dict[str, Any]:
-    doc: dict[str, Any] = httpx.get(f"{router_url}/narwhal/lifecycle", timeout=5).json()
+    doc: dict[str, Any] = loopback.get(f"{router_url}/narwhal/lifecycle", timeout=5).json()
     return doc
 
 

@@ -12,11 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from fleet.contract import DEFAULT_CONTRACT
 from router.attestation import contract_fingerprint
+from tests.support import loopback
 from tests.support.attest import engine_pids, restart_sidecar, start_sidecar, write_contract
 from tests.support.fleet import process_start, start_supervisor, write_fleet
 from tests.support.lifecycle import FAST, Stack, wait_for
@@ -40,7 +40,7 @@ def test_readmission_through_the_sidecar(tmp_path: Path) -> None:
     label = f"attestation {contract_fingerprint(DEFAULT_CONTRACT)}"
     with proc_group(tmp_path) as group:
         sup, sims = start_supervisor(group, tmp_path, 2, no_attestation=True)
-        assert httpx.get(sims[0].url + "/v1/attestation", timeout=5).status_code == 404
+        assert loopback.get(sims[0].url + "/v1/attestation", timeout=5).status_code == 404
         pids = engine_pids(sup)
         sides = {
             "e0": start_sidecar(group, "e0", sims[0].url, contract),
@@ -55,11 +55,11 @@ def test_readmission_through_the_sidecar(tmp_path: Path) -> None:
         s = Stack(router, sup, sims)
 
         # what the sidecar serves is bound to the live process
-        att = httpx.get(sides["e1"].attestation_url, timeout=5).json()
+        att = loopback.get(sides["e1"].attestation_url, timeout=5).json()
         assert att["schema"] == "narwhal.attestation" and att["contract"] == DEFAULT_CONTRACT
         assert att["engine"]["process_start_time_seconds"] == process_start(sims[1].url)
         assert att["launch"]["models"] == ["sim-model"] and "--no-attestation" in att["launch"]["args"]
-        proc_doc = httpx.get(sides["e1"].url + "/v1/process", timeout=5).json()
+        proc_doc = loopback.get(sides["e1"].url + "/v1/process", timeout=5).json()
         assert proc_doc["pid"] == pids["e1"] and proc_doc["source"] == "proc"
 
         # 1. drain → restart → re-bound sidecar → readmit passes the attestation check
@@ -103,7 +103,7 @@ def test_readmission_through_the_sidecar(tmp_path: Path) -> None:
         s.restart("e0")
         health = sides["e0"].health()
         assert health.status_code == 503 and "engine process changed" in health.json()["error"]["message"]
-        assert httpx.get(sides["e0"].attestation_url, timeout=5).status_code == 503  # never stale
+        assert loopback.get(sides["e0"].attestation_url, timeout=5).status_code == 503  # never stale
 
 
 def test_bad_input_exits_2_with_a_message(tmp_path: Path) -> None:

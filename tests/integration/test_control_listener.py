@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import loopback
 from tests.support.fleet import start_sims, write_fleet
 from tests.support.procs import free_port, proc_group, script
 from tests.support.router import RouterHandle, start_router
@@ -70,7 +71,7 @@ def test_control_token_on_the_control_listener_and_flag_override(tmp_path: Path)
         )
         assert r.control_url.endswith(f":{flag_port}")  # --control-port overrides control.port
         with pytest.raises(httpx.ConnectError):
-            httpx.get(f"http://127.0.0.1:{file_port}/health", timeout=2)
+            loopback.get(f"http://127.0.0.1:{file_port}/health", timeout=2)
 
         good = {"authorization": "Bearer s3cret"}
         # the client listener answers 404 even with the right token, before authentication

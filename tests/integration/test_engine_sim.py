@@ -13,6 +13,7 @@ import pytest
 
 from fleet.contract import DEFAULT_CONTRACT
 from router.attestation import verify_attestation
+from tests.support import loopback
 from tests.support.fleet import (
     SimEngine,
     process_start,
@@ -48,7 +49,7 @@ def sims(fleet: tuple[ProcGroup, list[SimEngine]]) -> Iterator[list[SimEngine]]:
 def post(
     url: str, body: dict[str, Any], path: str = "/v1/completions", timeout: float = 10.0
 ) -> httpx.Response:
-    return httpx.post(url + path, json={"model": "sim-model", **body}, timeout=timeout)
+    return loopback.post(url + path, json={"model": "sim-model", **body}, timeout=timeout)
 
 
 def prefill(url: str, prompt: str = PROMPT) -> dict[str, Any]:
@@ -79,12 +80,12 @@ def decode(url: str, kv: Any, prompt: str = PROMPT, max_tokens: int = 5) -> http
 
 def test_identity_endpoints(sims: list[SimEngine]) -> None:
     e0 = sims[0]
-    health = httpx.get(e0.url + "/health")
+    health = loopback.get(e0.url + "/health")
     assert (health.status_code, health.content) == (200, b"")
-    assert httpx.get(e0.url + "/version").json() == {"version": "0.11.0"}
+    assert loopback.get(e0.url + "/version").json() == {"version": "0.11.0"}
     assert process_start(e0.url) == sim_stats(e0.url)["process_start"]
-    assert [m["id"] for m in httpx.get(e0.url + "/v1/models").json()["data"]] == ["sim-model"]
-    assert "vllm:num_requests_running" in httpx.get(e0.url + "/metrics").text
+    assert [m["id"] for m in loopback.get(e0.url + "/v1/models").json()["data"]] == ["sim-model"]
+    assert "vllm:num_requests_running" in loopback.get(e0.url + "/metrics").text
 
 
 def test_pd_handoff_between_two_sims(sims: list[SimEngine]) -> None:
@@ -148,19 +149,19 @@ def test_decode_rejects_restarted_and_dead_producer(fleet: tuple[ProcGroup, list
 def test_fault_health_error_model_generation(sims: list[SimEngine]) -> None:
     url = sims[0].url
     set_fault(url, health_fail=True)
-    assert httpx.get(url + "/health").status_code == 503
+    assert loopback.get(url + "/health").status_code == 503
     set_fault(url, health_fail=False, error_rate=1.0)
     assert post(url, {"prompt": "x"}).status_code == 500
     assert sim_stats(url)["errors"] >= 1
     set_fault(url, error_rate=0.0, wrong_model="other-model")
-    assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["other-model"]
+    assert [m["id"] for m in loopback.get(url + "/v1/models").json()["data"]] == ["other-model"]
     r = post(url, {"prompt": "x"})
     assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
     set_fault(url, wrong_model=None, generation_fail=True)
     r = post(url, {"prompt": "narwhal lifecycle generation check", "max_tokens": 1})
     assert r.status_code == 200 and r.json()["choices"] == []
-    assert httpx.get(url + "/sim/faults").json()["generation_fail"] is True
-    bad = httpx.post(url + "/sim/faults", json={"error_rate": 3})
+    assert loopback.get(url + "/sim/faults").json()["generation_fail"] is True
+    bad = loopback.post(url + "/sim/faults", json={"error_rate": 3})
     assert bad.status_code == 400 and "error_rate" in bad.json()["error"]["message"]
     assert reset_faults(url)["generation_fail"] is False
     assert post(url, {"prompt": "x", "max_tokens": 1}).json()["choices"]
@@ -184,19 +185,19 @@ def test_fault_slow_and_hang(sims: list[SimEngine]) -> None:
     assert time.monotonic() - t0 >= 0.3  # 3 tokens x 100 ms added
     set_fault(url, slow_ms=0, hang=True)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.get(url + "/health", timeout=0.3)
+        loopback.get(url + "/health", timeout=0.3)
     with pytest.raises(httpx.ReadTimeout):
         post(url, {"prompt": "x"}, timeout=0.3)
     assert sim_stats(url)["iid"] == "e0"  # control endpoints still answer
     set_fault(url, hang=False)
-    assert httpx.get(url + "/health").status_code == 200
+    assert loopback.get(url + "/health").status_code == 200
 
 
 def test_stream_cancel_is_counted(sims: list[SimEngine]) -> None:
     url = sims[1].url
     before = sim_stats(url)["cancelled_streams"]
     body = {"model": "sim-model", "prompt": "long", "max_tokens": 2000, "stream": True}
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=10) as r:
+    with loopback.stream("POST", url + "/v1/completions", json=body, timeout=10) as r:
         lines = r.iter_lines()
         got = [line for line, _ in zip(lines, range(6), strict=False) if line.startswith("data: ")]
         assert got
@@ -233,17 +234,19 @@ def test_chat_and_determinism(sims: list[SimEngine]) -> None:
 
 def test_attestation_bound_to_live_process(sims: list[SimEngine]) -> None:
     url = sims[0].url
-    version = httpx.get(url + "/version").json()["version"]
+    version = loopback.get(url + "/version").json()["version"]
     start = process_start(url)
-    doc = httpx.get(url + "/v1/attestation").json()
+    doc = loopback.get(url + "/v1/attestation").json()
     assert verify_attestation(doc, DEFAULT_CONTRACT, version, start) == []
     assert "--kv-transfer-config" in doc["launch"]["args"]
     assert verify_attestation(doc, DEFAULT_CONTRACT, version, start + 1.0)  # another process
     set_fault(url, attestation="broken")
-    broken = verify_attestation(httpx.get(url + "/v1/attestation").json(), DEFAULT_CONTRACT, version, start)
+    broken = verify_attestation(
+        loopback.get(url + "/v1/attestation").json(), DEFAULT_CONTRACT, version, start
+    )
     assert "attestation_digest does not match the document" in broken
     set_fault(url, attestation="fail")
-    assert httpx.get(url + "/v1/attestation").status_code == 503
+    assert loopback.get(url + "/v1/attestation").status_code == 503
 
 
 def test_concurrency_limit_queues_excess(fleet: tuple[ProcGroup, list[SimEngine]]) -> None:
@@ -262,7 +265,7 @@ def test_concurrency_limit_queues_excess(fleet: tuple[ProcGroup, list[SimEngine]
         assert (seen["running"], seen["waiting"]) == (1, 1)
         assert (
             'vllm:num_requests_waiting{engine="0",model_name="sim-model"} 1.0'
-            in httpx.get(sim.url + "/metrics").text
+            in loopback.get(sim.url + "/metrics").text
         )
         assert [f.result().status_code for f in futures] == [200, 200]
     assert sim_stats(sim.url)["waiting"] == 0

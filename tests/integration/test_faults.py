@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.integration.serving_support import contract_free_fleet, terminal_sum, wait_until
+from tests.support import loopback
 from tests.support.fleet import SimEngine, reset_faults, restart_sim, set_fault, start_sims
 from tests.support.procs import ProcGroup, proc_group
 from tests.support.router import RouterHandle, start_router
@@ -87,7 +87,7 @@ def test_stream_failure_after_output_ends_with_error_event(
     set_fault(sims[1].url, slow_ms=5.0)
     try:
         with (
-            httpx.Client(timeout=10) as client,
+            loopback.client(timeout=10) as client,
             client.stream("POST", router.url + "/v1/completions", json=body) as r,
         ):
             lines = r.iter_lines()

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support import loopback
 from tests.support.fleet import FAST, start_sims
 from tests.support.ha import (
     NOT_CONTROLLING,
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.integration
 
 def _complete(url: str) -> httpx.Response:
     body = {"model": "sim-model", "prompt": "hello", "max_tokens": 8}
-    return httpx.post(url + "/v1/completions", json=body, timeout=30)
+    return loopback.post(url + "/v1/completions", json=body, timeout=30)
 
 
 @dataclass
@@ -58,7 +59,7 @@ def failover_load(urls: list[str], workers: int = 4) -> Iterator[FailoverLoad]:
     lock = threading.Lock()
 
     def worker(i: int) -> None:
-        with httpx.Client(timeout=10) as client:
+        with loopback.client(timeout=10) as client:
             while not load.stop.is_set():
                 body = {"model": "sim-model", "prompt": f"load {i}", "max_tokens": 16, "stream": i % 2 == 0}
                 served_by, last = "", ""
@@ -172,7 +173,7 @@ def test_standby_polls_with_the_control_token_when_reads_are_protected(tmp_path:
     with proc_group(tmp_path) as group:
         sims = start_sims(group, 2, itl_ms=5)
         a, b = start_pair(group, tmp_path, sims, extra=extra, env=env)  # the standby's polls are authorised
-        assert httpx.get(a.url + "/narwhal/handoff", timeout=5).status_code == 401
+        assert loopback.get(a.url + "/narwhal/handoff", timeout=5).status_code == 401
         a.proc.kill9()
         wait_for("standby takes over", lambda: b.get("/ready").status_code == 200, timeout=15)
         assert b.get("/ready").json()["epoch"] == 2

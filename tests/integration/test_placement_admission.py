@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.integration.serving_support import contract_free_fleet, wait_until
+from tests.support import loopback
 from tests.support.fleet import sim_stats, start_sims
 from tests.support.procs import proc_group
 from tests.support.router import RouterHandle, start_router
@@ -39,7 +40,7 @@ class _Holder:
     """A streaming request that holds the router's only seat until ``release()``."""
 
     def __init__(self, router: RouterHandle) -> None:
-        self.client = httpx.Client(timeout=30)
+        self.client = loopback.client(timeout=30)
         body = {"model": MODEL, "prompt": "hold", "max_tokens": 500, "stream": True}
         self.cm = self.client.stream("POST", router.url + "/v1/completions", json=body)
         self.resp = self.cm.__enter__()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support import loopback
 from tests.support.fleet import set_fault, start_sims, write_fleet
 from tests.support.lifecycle import FAST, wait_for
 from tests.support.procs import proc_group
@@ -24,7 +24,7 @@ def test_a_failing_engine_is_quarantined_and_a_drain_below_the_floor_is_refused(
         set_fault(sims[2].url, error_rate=1.0)  # e2 answers every leg with an error
 
         def quarantined() -> dict[str, object] | None:
-            r = httpx.post(
+            r = loopback.post(
                 router.url + "/v1/completions", json={"model": "sim-model", "prompt": "x", "max_tokens": 2}
             )
             assert r.status_code == 200  # retried elsewhere: the client never sees e2's failure

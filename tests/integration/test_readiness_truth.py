@@ -9,9 +9,9 @@ import re
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support import loopback
 from tests.support.fleet import reset_faults, set_fault, start_sims, write_fleet
 from tests.support.lifecycle import FAST, wait_for
 from tests.support.procs import BIN, REPO, Proc, free_port, proc_group
@@ -72,7 +72,7 @@ def test_engines_not_serving_the_model_are_not_eligible_and_say_why(tmp_path: Pa
         assert (
             state["scheduler"]["engines"]["e1"]["excluded"] == "serves ['sim-model'], expected narwhal/sim-1b"
         )
-        r = httpx.post(
+        r = loopback.post(
             router.url + "/v1/completions", json={"model": "narwhal/sim-1b", "prompt": "x", "max_tokens": 2}
         )
         assert r.status_code == 503  # refused as not ready, never a 502 from the engine
@@ -92,7 +92,7 @@ def test_one_engine_with_the_wrong_model_is_held_out_until_it_serves_it(tmp_path
         assert "e2" not in state["scheduler"]["eligible"]
         assert router.get("/narwhal/lifecycle").json()["engines"]["e2"]["error"].startswith("serves ")
         for _ in range(6):
-            r = httpx.post(
+            r = loopback.post(
                 router.url + "/v1/completions", json={"model": "sim-model", "prompt": "x", "max_tokens": 2}
             )
             assert r.status_code == 200

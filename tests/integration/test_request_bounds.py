@@ -9,10 +9,10 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.integration.serving_support import contract_free_fleet, wait_until
+from tests.support import loopback
 from tests.support.fleet import SimEngine, sim_stats, start_sims
 from tests.support.procs import proc_group
 from tests.support.router import RouterHandle, start_router
@@ -47,9 +47,9 @@ def test_simulator_refuses_a_poison_max_tokens_at_once(
 ) -> None:
     _, sims = stack
     body = {"model": MODEL, "prompt": "x", "max_tokens": POISON, "stream": True}
-    r = httpx.post(sims[1].url + "/v1/completions", json=body, timeout=5)
+    r = loopback.post(sims[1].url + "/v1/completions", json=body, timeout=5)
     assert r.status_code == 400 and "maximum context length is 8192 tokens" in r.text
-    assert httpx.get(sims[1].url + "/health", timeout=5).status_code == 200  # not wedged
+    assert loopback.get(sims[1].url + "/health", timeout=5).status_code == 200  # not wedged
 
 
 @pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])

@@ -25,6 +25,7 @@ from temporalio.service import RPCError
 
 from tests.integration.conftest import Temporal, start_worker, wait_ready_line
 from tests.integration.restart_support import new_fleet, plan, progress, start, supervisor_restarts, until
+from tests.support import loopback
 from tests.support.fleet import process_start
 from tests.support.lifecycle import start_stack
 from tests.support.procs import Proc, ProcGroup, proc_group
@@ -101,7 +102,7 @@ class MetricsGate:
                     gate.hit.set()
                     gate.release.wait(60)
                 try:
-                    r = httpx.get(gate.upstream + self.path, timeout=10)
+                    r = loopback.get(gate.upstream + self.path, timeout=10)
                     status, body = r.status_code, r.content
                 except httpx.HTTPError:
                     status, body = 502, b"upstream down"

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import h11
-import httpx
 import openai
 import pytest
 
 from tests.integration.serving_support import contract_free_fleet, terminal_sum, wait_until
+from tests.support import loopback
 from tests.support.fleet import SimEngine, reset_faults, set_fault, sim_stats, start_sims
 from tests.support.procs import proc_group
 from tests.support.router import RouterHandle, start_router
@@ -122,7 +122,7 @@ def test_bad_input_gets_spec_errors_and_disturbs_nothing(fleet: tuple[RouterHand
     engine_before = [sim_stats(s.url)["requests"] for s in sims]
     for path, body, status, param in BAD:
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        r = httpx.post(
+        r = loopback.post(
             router.url + path, content=raw, headers={"content-type": "application/json"}, timeout=10
         )
         assert r.status_code == status, (path, body, r.text)
@@ -220,7 +220,7 @@ def test_client_disconnect_cancels_and_closes_the_decode_stream(
         cancelled0 = sum(sim_stats(s.url)["cancelled_streams"] for s in decoders)
         body = {"model": MODEL, "prompt": "long one", "max_tokens": 500, "stream": True}
         with (
-            httpx.Client(timeout=10) as client,
+            loopback.client(timeout=10) as client,
             client.stream("POST", router.url + "/v1/completions", json=body) as r,
         ):
             assert r.status_code == 200
@@ -301,7 +301,7 @@ def test_inflight_limit_answers_429(tmp_path: Path) -> None:
         )
         body = {"model": MODEL, "prompt": "x", "max_tokens": 50, "stream": True}
         with (
-            httpx.Client(timeout=10) as client,
+            loopback.client(timeout=10) as client,
             client.stream("POST", router.url + "/v1/completions", json=body) as r,
         ):
             lines = r.iter_lines()  # keep a reference: a dropped iterator closes the stream
@@ -321,7 +321,7 @@ def test_sigterm_finishes_in_flight_streams(tmp_path: Path) -> None:
         router = start_router(group, contract_free_fleet(tmp_path, sims), tmp_path, wait_ready=True)
         body = {"model": MODEL, "prompt": "x", "max_tokens": 60, "stream": True}
         with (
-            httpx.Client(timeout=10) as client,
+            loopback.client(timeout=10) as client,
             client.stream("POST", router.url + "/v1/completions", json=body) as r,
         ):
             lines = r.iter_lines()

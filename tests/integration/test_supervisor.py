@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import loopback
 from tests.support.fleet import SimEngine, process_start, set_fault, start_supervisor
 from tests.support.procs import ProcGroup, proc_group
 
@@ -29,12 +30,12 @@ def supervised(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
 
 
 def engines(url: str) -> dict[str, Any]:
-    doc: dict[str, Any] = httpx.get(url + "/engines", timeout=10).json()["engines"]
+    doc: dict[str, Any] = loopback.get(url + "/engines", timeout=10).json()["engines"]
     return doc
 
 
 def restart(url: str, iid: str, body: dict[str, Any] | None = None) -> httpx.Response:
-    return httpx.post(f"{url}/engines/{iid}/restart", json=body, timeout=60)
+    return loopback.post(f"{url}/engines/{iid}/restart", json=body, timeout=60)
 
 
 def pid_alive(pid: int) -> bool:
@@ -50,7 +51,7 @@ def pid_alive(pid: int) -> bool:
 
 def test_engines_listing(supervised: tuple[str, list[SimEngine]]) -> None:
     url, sims = supervised
-    assert httpx.get(url + "/health").json() == {"status": "ok"}
+    assert loopback.get(url + "/health").json() == {"status": "ok"}
     doc = engines(url)
     assert sorted(doc) == ["e0", "e1"]
     for sim in sims:
@@ -71,7 +72,7 @@ def test_restart_gives_new_process_and_guard_is_idempotent(supervised: tuple[str
     assert res["old_process_start"] == before["process_start"]
     assert res["new_process_start"] > before["process_start"]
     assert process_start(sims[0].url) == res["new_process_start"]
-    assert httpx.get(sims[0].url + "/health").status_code == 200
+    assert loopback.get(sims[0].url + "/health").status_code == 200
     # the same guarded request again (a retried activity) does not restart a second time
     again = restart(url, "e0", {"if_process_start": before["process_start"]}).json()
     assert again["restarted"] is False and again["pid"] == res["new_pid"]
@@ -89,15 +90,15 @@ def test_concurrent_guarded_restarts_restart_once(supervised: tuple[str, list[Si
 
 def test_stop_and_start_are_idempotent(supervised: tuple[str, list[SimEngine]]) -> None:
     url, sims = supervised
-    stopped = httpx.post(url + "/engines/e1/stop", timeout=30).json()
+    stopped = loopback.post(url + "/engines/e1/stop", timeout=30).json()
     assert stopped["stopped"] is True and not pid_alive(stopped["pid"])
-    assert httpx.post(url + "/engines/e1/stop", timeout=30).json()["stopped"] is False
+    assert loopback.post(url + "/engines/e1/stop", timeout=30).json()["stopped"] is False
     entry = engines(url)["e1"]
     assert (entry["running"], entry["pid"], entry["process_start"]) == (False, None, None)
-    started = httpx.post(url + "/engines/e1/start", timeout=60).json()
+    started = loopback.post(url + "/engines/e1/start", timeout=60).json()
     assert started["started"] is True
-    assert httpx.post(url + "/engines/e1/start", timeout=60).json()["started"] is False
-    assert httpx.get(sims[1].url + "/health").status_code == 200
+    assert loopback.post(url + "/engines/e1/start", timeout=60).json()["started"] is False
+    assert loopback.get(sims[1].url + "/health").status_code == 200
 
 
 def test_sigterm_stops_every_engine(tmp_path: Path) -> None:
@@ -118,4 +119,4 @@ def test_guarded_restart_of_a_hung_engine(supervised: tuple[str, list[SimEngine]
     set_fault(sims[0].url, hang=True)  # /metrics no longer answers: the recorded identity is used
     res = restart(url, "e0", {"if_process_start": before["process_start"]}).json()
     assert res["restarted"] is True and res["old_process_start"] == before["process_start"]
-    assert httpx.get(sims[0].url + "/health", timeout=5).status_code == 200  # fresh process, no faults
+    assert loopback.get(sims[0].url + "/health", timeout=5).status_code == 200  # fresh process, no faults

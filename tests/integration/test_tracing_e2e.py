@@ -10,7 +10,6 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-import httpx
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -22,6 +21,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from router import telemetry
+from tests.support import loopback
 from tests.support.temporal import dev_server_path, dying_with_us
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,7 @@ _PROVIDER: TracerProvider | None = None
 
 @activity.defn
 async def fetch_stats(url: str) -> str:
-    async with httpx.AsyncClient() as client:
+    async with loopback.async_client() as client:
         telemetry.instrument_httpx(client, tracer_provider=_PROVIDER)
         resp = await client.get(url)
         return str(resp.json()["traceparent"])

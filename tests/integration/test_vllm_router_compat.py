@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import orjson
 import pytest
 
+from tests.support import loopback
 from tests.support.fleet import SimEngine, sim_stats, start_sims, vllm_router_command
 from tests.support.procs import BIN, ProcGroup, free_port, wait_http
 
@@ -40,10 +40,10 @@ def test_completion_through_vllm_router(routed: tuple[str, list[SimEngine]]) -> 
     url, (prefill, decode) = routed
     p0, d0 = sim_stats(prefill.url), sim_stats(decode.url)
     body = {"model": "sim-model", "prompt": "through the rust router", "max_tokens": 6}
-    r = httpx.post(url + "/v1/completions", json=body, timeout=30)
+    r = loopback.post(url + "/v1/completions", json=body, timeout=30)
     assert r.status_code == 200, r.text
     text = r.json()["choices"][0]["text"]
-    direct = httpx.post(decode.url + "/v1/completions", json=body, timeout=30).json()
+    direct = loopback.post(decode.url + "/v1/completions", json=body, timeout=30).json()
     assert text == direct["choices"][0]["text"]
     p1, d1 = sim_stats(prefill.url), sim_stats(decode.url)
     assert p1["requests"]["prefill"] == p0["requests"]["prefill"] + 1
@@ -62,7 +62,7 @@ def test_streaming_chat_through_vllm_router(routed: tuple[str, list[SimEngine]])
         "max_tokens": 4,
         "stream": True,
     }
-    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
+    r = loopback.post(url + "/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 200, r.text
     frames = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
     assert frames[-1] == "[DONE]"

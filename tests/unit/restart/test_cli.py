@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.procs import free_port, script
 from workflows.cli import parser
-from workflows.worker import log_level
+from workflows.worker import log_level, positive_seconds
 
 
 @pytest.mark.parametrize(
@@ -23,6 +23,13 @@ def test_worker_log_level_accepts_any_case(given: str, level: str) -> None:
 def test_worker_log_level_rejects_unknown_names() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="unknown log level 'loud'"):
         log_level("loud")
+
+
+def test_worker_sticky_timeout_takes_positive_seconds() -> None:
+    assert positive_seconds("1") == 1.0 and positive_seconds("0.5") == 0.5
+    for bad, why in (("0", "must be > 0 seconds"), ("-1", "must be > 0 seconds"), ("soon", "not a number")):
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            positive_seconds(bad)
 
 
 @pytest.mark.parametrize("attempt", range(3))  # the abort at interpreter exit was intermittent
