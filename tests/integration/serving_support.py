@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.fleet import SimEngine, write_fleet
+from tests.support.router import RouterHandle
 from tests.support.waits import wait_for
 
 FAST: dict[str, Any] = {
@@ -45,3 +46,16 @@ def terminal_sum(m: dict[str, float]) -> float:
         "narwhal_refused_total{",
     )
     return total + sum(v for k, v in m.items() if k.startswith(prefixes))
+
+
+def settled_rows(router: RouterHandle) -> list[dict[str, Any]]:
+    """The request rows of the journal once every offered request has its row (the journal's writer
+    thread gets rows in batches; the counters are updated first)."""
+    m = wait_until(lambda: (mm := router.metrics())["narwhal_inflight_requests"] == 0 and mm, what="idle")
+    rows: list[dict[str, Any]] = wait_until(
+        lambda: (
+            len(rr := [r for r in router.journal_rows() if "rid" in r]) == m["narwhal_offered_total"] and rr
+        ),
+        what="one journal row per offered request",
+    )
+    return rows

@@ -24,7 +24,13 @@ def ejected(router: RouterHandle, iid: str) -> bool:
 
 
 def events(router: RouterHandle, name: str, iid: str) -> list[dict[str, Any]]:
-    return [r for r in router.journal_rows() if r.get("event") == name and r.get("iid") == iid]
+    """The journal's ``name`` rows for ``iid``, once there is one (the writer thread is behind by a
+    batch at most)."""
+    rows: list[dict[str, Any]] = wait_until(
+        lambda: [r for r in router.journal_rows() if r.get("event") == name and r.get("iid") == iid],
+        what=f"journal {name} {iid}",
+    )
+    return rows
 
 
 # -- one attempt, two engines: the client sees each fault's own status -------------------------

@@ -59,8 +59,13 @@ def test_individual_restart_under_load_loses_no_request(tmp_path: Path) -> None:
             or "drain_complete" in actions
         )
         assert actions[-1] == "readmitted"
-        journaled = [r for r in s.router.journal_rows() if r.get("event") == "engine_lifecycle"]
-        assert [r["action"] for r in journaled][-1] == "readmitted"
+        wait_for(
+            "readmitted journaled",
+            lambda: (
+                [r["action"] for r in s.router.journal_rows() if r.get("event") == "engine_lifecycle"][-1:]
+                == ["readmitted"]
+            ),
+        )
         metrics = s.router.metrics()
         assert metrics['narwhal_engine_lifecycle_state{iid="e0",state="active"}'] == 1
         assert metrics['narwhal_engine_draining{iid="e0"}'] == 0
@@ -168,7 +173,10 @@ def test_unplanned_restart_is_validated_and_readmitted(tmp_path: Path) -> None:
         assert doc["process_starts"]["e2"] != before
         actions = [e["action"] for e in doc["events"]]
         assert actions[-2:] == ["recovery_validation_started", "readmitted"]
-        ejected = [
-            r for r in s.router.journal_rows() if r.get("event") == "engine_ejected" and r["iid"] == "e2"
-        ]
+        ejected = wait_for(
+            "e2's ejection journaled",
+            lambda: [
+                r for r in s.router.journal_rows() if r.get("event") == "engine_ejected" and r["iid"] == "e2"
+            ],
+        )
         assert ejected and ejected[0]["cause"] in ("liveness", "process_identity")

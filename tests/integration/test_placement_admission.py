@@ -92,7 +92,9 @@ def test_admission_queue_refuses_expires_and_hands_seats_over(tmp_path: Path) ->
         )
         assert m['narwhal_rejected_total{reason="inflight_limit"}'] == 1
         assert m['narwhal_expired_total{reason="queue_timeout"}'] == 1
-        rows = [r for r in expiring.journal_rows() if r.get("reason") == "queue_timeout"]
+        rows = wait_until(
+            lambda: [r for r in expiring.journal_rows() if r.get("reason") == "queue_timeout"], what="row"
+        )
         assert len(rows) == 1 and rows[0]["expired"] is True and rows[0]["status"] == 504
 
         (tmp_path / "b").mkdir()
@@ -118,5 +120,7 @@ def test_admission_queue_refuses_expires_and_hands_seats_over(tmp_path: Path) ->
         )
         assert m["narwhal_served_total"] == 1 and m["narwhal_cancelled_total"] == 1
         assert m["narwhal_queued_requests"] == 0
-        row = [r for r in waiting.journal_rows() if r.get("terminal") == "completed"][-1]
+        row = wait_until(
+            lambda: [r for r in waiting.journal_rows() if r.get("terminal") == "completed"], what="row"
+        )[-1]
         assert row["queue_wait_s"] > 0

@@ -34,7 +34,10 @@ def test_a_failing_engine_is_quarantined_and_a_drain_below_the_floor_is_refused(
         q = wait_for("e2 quarantined after a leg failure", quarantined)
         assert 0 < q["remaining_s"] <= 120.0  # type: ignore[operator]
         assert router.get("/narwhal/lifecycle").json()["engines"]["e2"]["accepts_new"] is False
-        events = [r for r in router.journal_rows() if r.get("event") == "engine_quarantined"]
+        events = wait_for(
+            "the quarantine journaled",
+            lambda: [r for r in router.journal_rows() if r.get("event") == "engine_quarantined"],
+        )
         assert events and events[0]["iid"] == "e2" and events[0]["duration_s"] == 120.0
 
         # e2 is out: draining e1 would leave only e0 able to serve decode, below min_decode = 2

@@ -102,5 +102,10 @@ def test_one_engine_with_the_wrong_model_is_held_out_until_it_serves_it(tmp_path
             lambda: "e2" in router.get("/narwhal/state").json()["scheduler"]["eligible"],
         )
         assert router.get("/narwhal/lifecycle").json()["engines"]["e2"]["error"] == ""
-        events = [r.get("event") for r in router.journal_rows()]
-        assert "engine_excluded" in events and "engine_exclusion_ended" in events
+        wait_for(
+            "exclusion and its end journaled",
+            lambda: (
+                {"engine_excluded", "engine_exclusion_ended"}
+                <= {r.get("event") for r in router.journal_rows()}
+            ),
+        )

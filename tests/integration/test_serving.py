@@ -13,7 +13,7 @@ import h11
 import openai
 import pytest
 
-from tests.integration.serving_support import contract_free_fleet, terminal_sum, wait_until
+from tests.integration.serving_support import contract_free_fleet, settled_rows, terminal_sum, wait_until
 from tests.support import loopback
 from tests.support.fleet import SimEngine, reset_faults, set_fault, sim_stats, start_sims
 from tests.support.procs import proc_group
@@ -69,7 +69,7 @@ def test_openai_client_completions_and_chat_pd_split(fleet: tuple[RouterHandle, 
     decodes = sum(after[i]["requests"]["decode"] - before[i]["requests"]["decode"] for i in ("e1", "e2"))
     pulls = sum(after[i]["kv_pulls_done"] - before[i]["kv_pulls_done"] for i in ("e1", "e2"))
     assert decodes == 4 and pulls == 4  # every decode pulled its KV from the prefill engine
-    rows = [r for r in router.journal_rows() if "rid" in r][-4:]
+    rows = settled_rows(router)[-4:]
     assert all(r["prefill_iid"] == "e0" and r["decode_iid"] in ("e1", "e2") and r["crossed"] for r in rows)
     assert all(r["terminal"] == "completed" and r["status"] == 200 and r["output_len"] > 0 for r in rows)
 
@@ -237,7 +237,9 @@ def test_client_disconnect_cancels_and_closes_the_decode_stream(
         )
         assert all(sim_stats(s.url)["active_streams"] == 0 for s in decoders)
         assert router.metrics()["narwhal_served_total"] == m0["narwhal_served_total"]
-        row = [r for r in router.journal_rows() if r.get("terminal") == "cancelled"][-1]
+        row = wait_until(
+            lambda: [r for r in router.journal_rows() if r.get("terminal") == "cancelled"], what="row"
+        )[-1]
         assert row["cancelled"] is True and row["cancelled_phase"] == "decode"
     finally:
         for s in decoders:
