@@ -38,20 +38,20 @@ def _gauges(core: RouterCore) -> telemetry.MetricsCallback:
     return gauges
 
 
-_traced_apps: set[int] = set()
+TRACED_KEY: web.AppKey[bool] = web.AppKey("narwhal_traced", bool)
 
 
 def traces_requests(app: web.Application) -> bool:
     """True when ``install`` put the server span middleware on ``app``: its completion requests must
     go through aiohttp (the client listener's own protocol, ``serving/front.py``, has no spans)."""
-    return id(app) in _traced_apps
+    return app.get(TRACED_KEY, False)
 
 
 def install(app: web.Application, core: RouterCore) -> bool:
     """Tracing + metric export for this router process when configured; True if anything was set up."""
     traced = telemetry.setup_tracing(SERVICE_NAME) is not None
     if traced:
-        _traced_apps.add(id(app))
+        app[TRACED_KEY] = True
         telemetry.instrument_aiohttp_server(app)  # before the app is frozen by AppRunner.setup()
         telemetry.instrument_aiohttp_client()  # engine sessions are created at startup, after this
         telemetry.instrument_httpx()  # control-plane client (engines/control.py)

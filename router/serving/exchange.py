@@ -131,8 +131,8 @@ class AioExchange:
         return self._sink
 
     def abandon(self) -> None:
-        if self.response is None:
-            self.response = web.Response(status=499)
+        pass  # ``result`` answers 499 when nothing was sent; aiohttp drops the connection
 
     def result(self) -> web.StreamResponse:
+        """What the route returns: the response, or a 499 (the client is gone) when there is none."""
         return self.response if self.response is not None else web.Response(status=499)
