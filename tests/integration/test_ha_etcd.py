@@ -52,7 +52,8 @@ def test_claim_shadow_and_acknowledged_drains_survive_repeated_kill9(
         a, b = etcd_pair(group, tmp_path, sims, eps, etcd_prefix)
         status, body = ready(a)
         assert status == 200 and body["epoch"] >= 1 and body["holder"].startswith("router-a:")
-        assert ready(b) == (503, ready(b)[1]) and ready(b)[1]["reason"] == "shadowing"
+        # shadowing (a probe that missed under load may block a takeover for a moment: it clears)
+        wait_for("b shadows", lambda: ready(b)[0] == 503 and ready(b)[1]["reason"] == "shadowing")
         holder = key(etcd_cluster, etcd_prefix, "holder")
         assert holder is not None and json.loads(str(holder["value"]))["holder"] == body["holder"]
         assert int(holder["lease"]) > 0  # attached to an etcd lease

@@ -106,8 +106,8 @@ def test_kill9_primary_mid_stream_standby_takes_over(tmp_path: Path) -> None:
         _drain(a, "e2")
         b = standby_router(group, tmp_path, sims, a)
         assert b.get("/health").json()["status"] == "standby"
-        ready = b.get("/ready")
-        assert ready.status_code == 503 and ready.json()["reason"] == "shadowing"
+        wait_for("b shadows", lambda: b.get("/ready").json()["reason"] == "shadowing")
+        assert b.get("/ready").status_code == 503
         assert b.post("/narwhal/lifecycle/drain", {"engines": ["e1"]}).json()["error"] == NOT_CONTROLLING
         with failover_load([a.url, b.url]) as load:
             wait_for("traffic on the primary", lambda: load.ok >= 12)
