@@ -12,7 +12,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /opt/narwhal
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY router ./router
 COPY workflows ./workflows
 COPY activities ./activities
@@ -33,8 +33,14 @@ FROM base AS worker
 RUN pip install '/opt/narwhal[worker,otel]'
 USER narwhal
 
+# The router's relay loop is a small C extension (router/serving/_relay.c): a compiler for the
+# install only, removed after it (without one the install still works, on the slower Python loop).
 FROM base AS router
-RUN pip install '/opt/narwhal[otel]'
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && pip install '/opt/narwhal[otel]' \
+ && apt-get purge -y --auto-remove gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 USER narwhal
 # 8000 router (clients + /narwhal control API), 8900 local supervisor, 9001-9004 simulated engines
 EXPOSE 8000 8900 9001 9002 9003 9004

@@ -29,6 +29,7 @@ from router.ha import settings as ha_settings
 from router.logs import setup_logging
 from router.replicas import settings as replica_settings
 from router.replicas import wiring as replica_wiring
+from router.serving import fastrelay
 from router.serving.front import FrontServer
 
 log = logging.getLogger("narwhal.serve")
@@ -153,6 +154,8 @@ async def serve(config: FleetConfig, options: RouterOptions) -> None:
     app, core = build_router(config, options)
     if warning := listeners.open_control_warning(config, options):
         log.warning("%s", warning)
+    if fastrelay.NATIVE_PROBLEM:  # same bytes, more router CPU per relayed token
+        log.warning("%s", fastrelay.NATIVE_PROBLEM)
     observability.install(app, core)  # OpenTelemetry only when OTEL_EXPORTER_OTLP_ENDPOINT is set
     graceful = (
         options.graceful_timeout

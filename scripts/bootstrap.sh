@@ -6,7 +6,8 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+# (setup.py builds the relay's C loop in place: a changed source reinstalls too)
+stamp=.venv/.installed-$(cat pyproject.toml setup.py router/serving/_relay.c | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e '.[dev]'

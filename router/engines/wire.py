@@ -73,11 +73,15 @@ def whole_chunks(data: bytes) -> tuple[list[bytes], int]:
 class Listener(Protocol):
     """Receives a response body from the connection's callbacks (after ``Response.attach``).
 
-    ``on_chunks`` gets the data of the HTTP chunks of a chunked body when one read held whole
-    chunks only (the usual decode-stream tokens: the parser is skipped for them), one item per
-    chunk; ``on_data`` gets what the parser delivered otherwise. Either way the bytes are the body,
-    in order.
+    ``on_raw`` is offered each read that starts at a chunk boundary of a chunked body, with the
+    body bytes the response limit still allows: it takes what it can from the start (the usual
+    decode-stream tokens, whole chunks: the parser is skipped for them) and returns (bytes of
+    ``data`` taken, body bytes in them) — (0, 0) for nothing. ``on_chunks`` gets the data of the
+    next whole chunks of the read, one item per chunk; ``on_data`` gets what the parser delivered
+    otherwise. Either way the bytes are the body, in order.
     """
+
+    def on_raw(self, data: bytes, budget: int) -> tuple[int, int]: ...
 
     def on_chunks(self, bodies: list[bytes]) -> None: ...
 
@@ -287,6 +291,13 @@ class EngineConnection(asyncio.Protocol):
             # Fast path for a relayed stream: the whole chunks "<hex>\r\n<data>\r\n" this read starts
             # with (token events) skip the parser. It stays at the same chunk boundary, so it takes
             # over again for the rest (a chunk cut between reads, an extension, the last chunk).
+            used, body_bytes = listener.on_raw(data, resp.limit - resp.received)
+            if used:
+                resp.received += body_bytes
+                resp.last_rx = self.loop.time()
+                if used == len(data) or self.response is not resp:
+                    return
+                data = data[used:]
             bodies, used = whole_chunks(data)
             if bodies:
                 resp.received += sum(map(len, bodies))

@@ -1,9 +1,10 @@
 """The streaming relay: decode-stream bytes → client transport, from the engine connection's callbacks.
 
 Once the first token is out, the handler attaches a :class:`ClientRelay` to the engine response.
-From then on every ``data_received`` of the engine connection runs ``on_data``: SSE framing, the
-per-chunk byte work of ``relay_chunk`` and **one** write to the client for everything that arrived
-together — no task wake-up, no timer, no JSON round trip per token. The handler task sleeps on
+From then on every ``data_received`` of the engine connection runs ``on_raw`` (the usual token
+chunks: one call to ``fastrelay.relay_read``, in C) or ``on_chunks`` / ``on_data`` (anything else:
+SSE framing and the per-chunk byte work of ``relay_chunk``), and **one** write to the client for
+everything that arrived together — no task wake-up, no timer, no JSON round trip per token. The handler task sleeps on
 :attr:`ClientRelay.signal` and wakes only for the end of the stream, a failure, or back-pressure:
 when the client's transport is over its high-water mark, reading from the engine is paused and the
 handler waits (bounded by ``serving.client_write_timeout_s``) for the client to drain.
@@ -16,6 +17,7 @@ import asyncio
 from router.engines.legs import DecodeStream, LegFailure
 from router.engines.wire import ResponseTooLarge, WireError
 from router.serving.exchange import Paused
+from router.serving.fastrelay import relay_read
 from router.serving.relay import StreamError, StreamState, relay_chunk, relay_event
 
 DONE = "done"
@@ -83,6 +85,25 @@ class ClientRelay:
         self.stream.resp.attach(None)
 
     # -- the engine connection's side (Listener) ----------------------------------------------
+    def on_raw(self, data: bytes, budget: int) -> tuple[int, int]:
+        """The whole plain token chunks the read starts with, relayed in one call and one write
+        (``fastrelay.relay_read``); the rest of the read is for ``on_chunks`` / ``on_data``."""
+        framer = self.framer
+        if self.finished or framer.buf or framer.cr or framer.ready:
+            return 0, 0
+        out, tokens, used, body_bytes, _ = relay_read(data, self.want, self.chunked, budget)
+        if not used:
+            return 0, 0
+        self.st.tokens += tokens
+        transport = self.transport
+        transport.write(out)
+        if transport.is_closing():
+            self._fail(ClientGone("client disconnected"))
+        elif self.protocol.writing_paused:
+            self.stream.resp.pause_reading()
+            self._settle(BLOCKED)
+        return used, body_bytes
+
     def on_chunks(self, bodies: list[bytes]) -> None:
         """Whole HTTP chunks of the decode body (the usual token events): each plain event is
         framed, cut and counted in one pass, and all go out in one write; from the first chunk

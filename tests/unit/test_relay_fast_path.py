@@ -8,6 +8,7 @@ import asyncio
 import itertools
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import orjson
 from hypothesis import given, settings
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from router.engines.legs import DecodeStream, LegFailure
 from router.engines.sse import SSEFramer
 from router.engines.wire import EngineConnection, EnginePool, whole_chunks
+from router.serving.fastrelay import NATIVE, NATIVE_PROBLEM, RelayRead, relay_read, relay_read_py
 from router.serving.relay import StreamError, StreamState, process_chunk, relay_chunk, relay_event
 from router.serving.stream import ClientRelay
 
@@ -119,14 +121,37 @@ def _dechunk(data: bytes) -> bytes:
 
 
 class _CountingRelay(ClientRelay):
-    __slots__ = ("fast_chunks",)
+    __slots__ = ("fast_chunks", "impl")
+    fast_chunks: int
+    impl: RelayRead
 
     def on_chunks(self, bodies: list[bytes]) -> None:
         self.fast_chunks += len(bodies)
         super().on_chunks(bodies)
 
+    def on_raw(self, data: bytes, budget: int) -> tuple[int, int]:
+        def counted(data: bytes, want: bool, chunked: bool, budget: int) -> tuple[bytes, int, int, int, int]:
+            result = self.impl(data, want, chunked, budget)
+            self.fast_chunks += result[4]
+            return result
 
-async def _relay(reads: list[bytes], want: bool, early: int = 0) -> tuple[bytes, str, int, int]:
+        with mock.patch("router.serving.stream.relay_read", counted):
+            return super().on_raw(data, budget)
+
+
+_IMPLS: list[RelayRead] = [relay_read_py] + ([NATIVE] if NATIVE is not None else [])
+
+
+def test_the_native_relay_loop_is_built() -> None:
+    """``pip install`` builds ``_relay.c`` where a C compiler is (the project's machines): the
+    router's per-token loop is the C one, not its slower Python twin."""
+    assert NATIVE is not None, NATIVE_PROBLEM
+    assert relay_read is NATIVE
+
+
+async def _relay(
+    reads: list[bytes], want: bool, early: int = 0, impl: RelayRead = relay_read
+) -> tuple[bytes, str, int, int]:
     """Relay ``reads`` to a client; the first ``early`` of them arrive before the relay attaches."""
     loop = asyncio.get_running_loop()
     conn = EngineConnection(EnginePool(1.0), ("127.0.0.1", 1), loop)
@@ -142,6 +167,7 @@ async def _relay(reads: list[bytes], want: bool, early: int = 0) -> tuple[bytes,
         want,
     )
     relay.fast_chunks = 0
+    relay.impl = impl
     for r in reads[:early]:
         conn.data_received(r)
     relay.start()
@@ -214,8 +240,9 @@ def test_client_bytes_do_not_depend_on_chunking_or_reads(
 
     async def run() -> None:
         for name, reads in runs.items():
-            sent, outcome, tokens, _ = await _relay(reads, want, early)
-            assert (sent, outcome, tokens) == ref, name
+            for impl in _IMPLS:
+                sent, outcome, tokens, _ = await _relay(reads, want, early, impl)
+                assert (sent, outcome, tokens) == ref, (name, impl)
 
     asyncio.run(run())
 
@@ -305,8 +332,6 @@ def test_prompt_ids_cut_on_bytes_match_the_json_relay(
 
 
 def test_a_long_prompts_ids_are_cut_without_a_full_parse() -> None:
-    from unittest import mock
-
     payload = orjson.dumps(
         {
             "id": "c",
@@ -318,3 +343,57 @@ def test_a_long_prompts_ids_are_cut_without_a_full_parse() -> None:
         out, n = relay_chunk(payload, state, False)
     assert orjson.loads(out) == {"id": "c", "choices": [{"index": 0, "text": " a"}]}
     assert (n, state.tokens, state.prompt_tokens) == (1, 1, 4000)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    events=st.lists(_event, max_size=6),
+    groups=st.lists(st.integers(0, 5000), max_size=4),
+    start=st.integers(0, 5000),
+    stop=st.integers(0, 5000),
+    upper=st.booleans(),
+    want=st.booleans(),
+    chunked=st.booleans(),
+    budget=st.integers(0, 2000),
+)
+def test_native_relay_read_is_the_python_one(
+    events: list[bytes],
+    groups: list[int],
+    start: int,
+    stop: int,
+    upper: bool,
+    want: bool,
+    chunked: bool,
+    budget: int,
+) -> None:
+    """The C loop returns what ``relay_read_py`` (whole_chunks + relay_event) returns, for any read:
+    whole engine chunks, cut ones, a read starting mid-chunk, a response limit in the way."""
+    assert NATIVE is not None, NATIVE_PROBLEM
+    wire = b"".join(_http_chunks(events, groups, upper)) + b"0\r\n\r\n"
+    a, b = sorted((start % (len(wire) + 1), stop % (len(wire) + 1)))
+    for data in (wire, wire[:b], wire[a:b]):
+        assert NATIVE(data, want, chunked, budget) == relay_read_py(data, want, chunked, budget)
+        assert NATIVE(data, want, chunked, 1 << 30) == relay_read_py(data, want, chunked, 1 << 30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=300), want=st.booleans())
+def test_native_relay_read_on_any_bytes(data: bytes, want: bool) -> None:
+    assert NATIVE is not None, NATIVE_PROBLEM
+    assert NATIVE(data, want, True, 1 << 20) == relay_read_py(data, want, True, 1 << 20)
+
+
+def test_relay_read_takes_whole_plain_chunks_and_leaves_the_rest() -> None:
+    tok = [b"data: " + orjson.dumps(_token_doc([i])) + b"\n\n" for i in (7, 8)]
+    chunks = [c for ev in tok for c in _http_chunks([ev], [], False)]
+    done = b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+    for impl in _IMPLS:
+        out, tokens, used, body, n = impl(chunks[0] + chunks[1] + done, False, False, 1 << 20)
+        assert (tokens, used, body, n) == (2, len(chunks[0]) + len(chunks[1]), len(tok[0]) + len(tok[1]), 2)
+        assert out == b"".join(
+            t.replace(b',"token_ids":[7]', b"").replace(b',"token_ids":[8]', b"") for t in tok
+        )
+        out, *_ = impl(chunks[0], True, True, 1 << 20)
+        assert out == b"%x\r\n%b\r\n" % (len(tok[0]), tok[0])  # one HTTP chunk, the ids kept
+        assert impl(done, False, False, 1 << 20) == (b"", 0, 0, 0, 0)  # [DONE]: the general path's
+        assert impl(chunks[0] + chunks[1], False, False, len(tok[0])) == (b"", 0, 0, 0, 0)  # over the limit

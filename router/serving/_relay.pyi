@@ -1,0 +1,3 @@
+def relay_read(
+    data: bytes, want_ids: bool, chunked: bool, budget: int, /
+) -> tuple[bytes, int, int, int, int]: ...
