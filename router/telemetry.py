@@ -23,16 +23,16 @@ from typing import TYPE_CHECKING
 
 import httpx
 from aiohttp import web
-from opentelemetry import metrics, propagate, trace
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+# OpenTelemetry is imported where it is used: a process that exports nothing (no endpoint set, the
+# usual case) never loads the SDK (≈0.15 s of CPU at every start of a router, worker or CLI).
 if TYPE_CHECKING:  # the Temporal client is the [worker] extra; the router never imports it
+    from opentelemetry.metrics import CallbackOptions, Observation
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from temporalio.client import Interceptor
 
 log = logging.getLogger("narwhal.telemetry")
@@ -85,6 +85,8 @@ def metrics_enabled() -> bool:
 
 def make_resource(service_name: str) -> Resource:
     """Resource with ``service.name``; ``OTEL_SERVICE_NAME`` wins when the operator set it."""
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
     attributes = {} if _env("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
     return Resource.create(attributes)
 
@@ -104,6 +106,9 @@ def setup_tracing(service_name: str) -> TracerProvider | None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError as exc:
         raise OtelExtraMissing(exc) from None
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     provider = TracerProvider(resource=make_resource(service_name))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
@@ -122,6 +127,8 @@ def tracing_installed() -> bool:
 def client_span(method: str, url: str) -> Iterator[dict[str, str]]:
     """A CLIENT span around one engine call made without an instrumented client library; yields
     the W3C headers (``traceparent``) to send with it."""
+    from opentelemetry import propagate, trace
+
     tracer = trace.get_tracer(INSTRUMENTATION_NAME)
     attributes = {"http.request.method": method, "http.method": method, "url.full": url, "http.url": url}
     with tracer.start_as_current_span(method, kind=trace.SpanKind.CLIENT, attributes=attributes):
@@ -138,6 +145,11 @@ def in_memory_tracer_provider(
     The provider is *not* installed globally (the global can be set only once per process); pass
     it to the ``instrument_*`` helpers and to ``temporal_interceptors``.
     """
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
     exporter = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service_name}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -208,6 +220,7 @@ def temporal_interceptors(tracer_provider: TracerProvider | None = None) -> list
     and carries the trace context in Temporal headers. With no provider installed the spans are
     non-recording, so it is safe to pass always.
     """
+    from opentelemetry import trace
     from temporalio.contrib.opentelemetry import TracingInterceptor
 
     tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(INSTRUMENTATION_NAME)
@@ -215,6 +228,8 @@ def temporal_interceptors(tracer_provider: TracerProvider | None = None) -> list
 
 
 def _observe(callback: MetricsCallback, attribute: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    from opentelemetry.metrics import Observation
+
     def observe(_: CallbackOptions) -> Iterable[Observation]:
         try:
             values = callback()
@@ -244,6 +259,10 @@ def setup_metrics(
     global meter provider; tests pass their own ``reader`` (not installed globally). Returns ``None``
     (nothing installed) when neither applies.
     """
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
     global _meter_provider
     if reader is None:
         if _meter_provider is not None:

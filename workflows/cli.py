@@ -33,7 +33,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-from opentelemetry import trace
 from temporalio.client import (
     Client,
     WorkflowExecution,
@@ -147,9 +146,11 @@ async def _follow(handle: WorkflowHandle[Any, Any]) -> None:
 async def cmd_start(args: argparse.Namespace) -> int:
     """Validate and start; with tracing configured the whole command is one span, parent of the
     workflow's trace (StartWorkflow → RunWorkflow → activities → router → engines)."""
-    tracer = trace.get_tracer(SERVICE_NAME) if telemetry.tracing_installed() else None
-    if tracer is None:
+    if not telemetry.tracing_installed():
         return await _start(args)
+    from opentelemetry import trace  # loaded only when spans are exported
+
+    tracer = trace.get_tracer(SERVICE_NAME)
     with tracer.start_as_current_span("narwhal-restart start") as span:
         span.set_attribute("narwhal.routers", list(args.router))
         code = await _start(args)
