@@ -4,8 +4,8 @@ Once the first token is out, the handler attaches a :class:`ClientRelay` to the 
 From then on every ``data_received`` of the engine connection runs ``on_raw`` (the usual token
 chunks: one call to ``fastrelay.relay_read``, in C) or ``on_chunks`` / ``on_data`` (anything else:
 SSE framing and the per-chunk byte work of ``relay_chunk``), and **one** write to the client for
-everything that arrived together — no task wake-up, no timer, no JSON round trip per token. The handler task sleeps on
-:attr:`ClientRelay.signal` and wakes only for the end of the stream, a failure, or back-pressure:
+everything that arrived together — no task wake-up, no timer, no JSON round trip per token. The
+handler task sleeps on :attr:`ClientRelay.signal` and wakes only for the end of the stream, a failure, or back-pressure:
 when the client's transport is over its high-water mark, reading from the engine is paused and the
 handler waits (bounded by ``serving.client_write_timeout_s``) for the client to drain.
 """
@@ -95,13 +95,8 @@ class ClientRelay:
         if not used:
             return 0, 0
         self.st.tokens += tokens
-        transport = self.transport
-        transport.write(out)
-        if transport.is_closing():
-            self._fail(ClientGone("client disconnected"))
-        elif self.protocol.writing_paused:
-            self.stream.resp.pause_reading()
-            self._settle(BLOCKED)
+        self.transport.write(out)
+        self._after_write()
         return used, body_bytes
 
     def on_chunks(self, bodies: list[bytes]) -> None:
@@ -120,13 +115,8 @@ class ClientRelay:
                 return
             frames.append(frame)
         data = frames[0] if len(frames) == 1 else b"".join(frames)
-        transport = self.transport
-        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
-        if transport.is_closing():
-            self._fail(ClientGone("client disconnected"))
-        elif self.protocol.writing_paused:
-            self.stream.resp.pause_reading()
-            self._settle(BLOCKED)
+        self.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+        self._after_write()
 
     def on_data(self, chunks: list[bytes]) -> None:
         if self.finished:
@@ -185,6 +175,10 @@ class ClientRelay:
             self._settle(DONE)
             return
         self._write(frames)
+        self._after_write()
+
+    def _after_write(self) -> None:
+        """A closed client fails the relay; a client behind pauses the engine read (BLOCKED)."""
         if self.transport.is_closing():
             self._fail(ClientGone("client disconnected"))
         elif self.protocol.writing_paused:
