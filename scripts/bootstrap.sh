@@ -8,7 +8,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # (setup.py builds the relay's C loop in place: a changed source reinstalls too)
 stamp=.venv/.installed-$(cat pyproject.toml setup.py router/serving/_relay.c | sha256sum | cut -c1-16)
-if [ ! -f "$stamp" ]; then
+native_missing() {  # the relay's C loop is built in place: a clean of the tree removes it
+  command -v cc >/dev/null 2>&1 && ! .venv/bin/python -c 'import router.serving._relay' 2>/dev/null
+}
+if [ ! -f "$stamp" ] || native_missing; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e '.[dev]'
   rm -f .venv/.installed-*
