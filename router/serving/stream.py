@@ -18,7 +18,7 @@ from router.engines.legs import DecodeStream, LegFailure
 from router.engines.wire import ResponseTooLarge, WireError
 from router.serving.exchange import Paused
 from router.serving.fastrelay import relay_read
-from router.serving.relay import StreamError, StreamState, relay_chunk, relay_event
+from router.serving.relay import StreamError, StreamState, relay_chunk
 
 DONE = "done"
 BLOCKED = "blocked"
@@ -100,23 +100,9 @@ class ClientRelay:
         return used, body_bytes
 
     def on_chunks(self, bodies: list[bytes]) -> None:
-        """Whole HTTP chunks of the decode body (the usual token events): each plain event is
-        framed, cut and counted in one pass, and all go out in one write; from the first chunk
-        that is anything else on, the framer path (``on_data``) takes the rest, in order."""
-        if self.finished:
-            return
-        framer, st, want = self.framer, self.st, self.want
-        frames: list[bytes] = []
-        for k, body in enumerate(bodies):
-            frame = None if framer.buf or framer.cr or framer.ready else relay_event(body, st, want)
-            if frame is None:
-                self._write(frames)
-                self.on_data(bodies[k:])
-                return
-            frames.append(frame)
-        data = frames[0] if len(frames) == 1 else b"".join(frames)
-        self.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
-        self._after_write()
+        """Whole HTTP chunks that ``on_raw`` left: the first is never a plain token event (or the
+        framer holds a partial event), so they take the framer path, in order."""
+        self.on_data(bodies)
 
     def on_data(self, chunks: list[bytes]) -> None:
         if self.finished:
