@@ -79,6 +79,7 @@ class Faults(BaseModel):
     break_descriptor: bool | Literal["missing", "garbled"] = False
     attestation: Literal["ok", "broken", "fail"] = "ok"
     generation_fail: bool = False
+    stall_body: bool = False  # a buffered answer: head and half the body, then silence until cleared
 
     def merged(self, patch: dict[str, Any]) -> Faults:
         data = self.model_dump()

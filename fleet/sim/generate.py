@@ -12,6 +12,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from fleet.sim import answers
 from fleet.sim import openai as oai
 from fleet.sim.state import (
     EngineState,
@@ -103,8 +104,11 @@ class Generator:
 
     async def handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
         st = self.state
+        raw = await request.read()
+        st.record(request.path, request.headers.get("x-request-id"), raw)
         try:
-            p = oai.parse(orjson.loads(await request.read()), chat)
+            doc = orjson.loads(raw)
+            p = oai.parse(doc, chat)
         except orjson.JSONDecodeError:
             return error_response(400, "request body is not valid JSON", "BadRequestError")
         except oai.RequestError as exc:
@@ -132,6 +136,8 @@ class Generator:
                     failed = await self.pull(p.kv_params)
                     if failed is not None:
                         return failed
+                if p.kind != "prefill" and not st.faults.generation_fail and answers.wants_rich(doc):
+                    return await self._rich(request, p, answers.read_request(doc, chat))
                 return await self._respond(request, p)
             finally:
                 st.stats.running -= 1
@@ -165,9 +171,69 @@ class Generator:
             text = "".join(token_text(t) for t in tokens)
             self._account(p, 0 if empty else len(tokens))
             body = oai.full_body(meta, text, tokens, prompt_ids, p.prompt_tokens, kv, empty)
+            if st.faults.stall_body and p.kind != "prefill":
+                return await self._stalled(request, orjson.dumps(body), headers)
             return json_response(body, headers=headers)
         lazy = iter_tokens(p.key, cfg.seed, p.max_tokens)  # nothing allocated per token up front
         return await self._stream(request, p, meta, lazy, prompt_ids, ttft, itl, headers)
+
+    async def _rich(self, request: web.Request, p: oai.Parsed, r: answers.Request) -> web.StreamResponse:
+        """An answer that uses sampling/output parameters (``answers.py``), paced like the plain one."""
+        st, cfg = self.state, self.state.cfg
+        slow = st.faults.slow_ms
+        prefill_ms = cfg.ttft_base_ms + (0 if p.kind == "decode" else cfg.ttft_per_token_ms * p.prompt_tokens)
+        ttft, itl = (prefill_ms + slow) / 1000, (cfg.itl_ms + slow) / 1000
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        meta = oai.Meta(("chatcmpl-" if p.chat else "cmpl-") + rid, int(time.time()), st.served_model, p.chat)
+        choices = answers.generate(r, p.key, cfg.seed, p.max_tokens)
+        generated = sum(len(c.tokens) for c in choices)
+        headers = {"x-request-id": rid}
+        if not p.stream:
+            await asyncio.sleep(ttft + itl * (max((len(c.tokens) for c in choices), default=1) - 1))
+            await st.unhung.wait()
+            self._account(p, generated)
+            body = answers.full_body(r, meta.head(chunk=False), choices, p.prompt_tokens, p.return_token_ids)
+            if st.faults.stall_body:
+                return await self._stalled(request, orjson.dumps(body), headers)
+            return json_response(body, headers=headers)
+        eol = _EOLS[cfg.sse_line_ending]
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
+        )
+        await resp.prepare(request)
+        st.stats.active_streams += 1
+        try:
+            steps = answers.chunks(r, meta.head(chunk=True), choices, p.prompt_tokens, p.return_token_ids)
+            for i, step in enumerate(steps):
+                await asyncio.sleep(ttft if i == 0 else itl)
+                await st.unhung.wait()
+                await _write(request, resp, eol, b"".join(answers.sse(c) for c in step))
+            if p.include_usage:
+                await _write(request, resp, eol, oai.usage_chunk(meta, p.prompt_tokens, generated))
+            await _write(request, resp, eol, oai.DONE)
+            await resp.write_eof()
+            self._account(p, generated)
+        except ConnectionError:
+            st.stats.cancelled_streams += 1
+        except asyncio.CancelledError:
+            st.stats.cancelled_streams += 1
+            raise
+        finally:
+            st.stats.active_streams -= 1
+        return resp
+
+    async def _stalled(
+        self, request: web.Request, body: bytes, headers: dict[str, str]
+    ) -> web.StreamResponse:
+        """Fault ``stall_body``: the head and half the body, then nothing until the fault is cleared."""
+        resp = web.StreamResponse(headers={"Content-Type": "application/json", **headers})
+        resp.content_length = len(body)
+        await resp.prepare(request)
+        await resp.write(body[: len(body) // 2])
+        await self.state.unstalled.wait()
+        await resp.write(body[len(body) // 2 :])
+        await resp.write_eof()
+        return resp
 
     def _account(self, p: oai.Parsed, n: int) -> None:
         self.state.stats.completed += 1

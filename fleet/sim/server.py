@@ -15,7 +15,7 @@ from fleet.sim.generate import Generator, error_response, json_response
 from fleet.sim.state import EngineState
 from router.attestation import build_attestation
 
-_UNGATED = ("/sim/faults", "/sim/stats")
+_UNGATED = ("/sim/faults", "/sim/stats", "/sim/requests")
 
 
 class SimServer:
@@ -45,6 +45,8 @@ class SimServer:
         r.add_post("/sim/faults", self.post_faults)
         r.add_post("/sim/faults/reset", self.reset_faults)
         r.add_get("/sim/stats", self.stats)
+        r.add_get("/sim/requests", self.requests)
+        r.add_post("/sim/requests/reset", self.reset_requests)
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_shutdown)
         app.on_cleanup.append(self._on_cleanup)
@@ -171,6 +173,19 @@ class SimServer:
     async def reset_faults(self, _request: web.Request) -> web.Response:
         self.state.set_faults(Faults())
         return json_response(self.state.faults.model_dump())
+
+    async def requests(self, _request: web.Request) -> web.Response:
+        """The completion requests this engine received, oldest first (the last 256): each one's
+        path, ``x-request-id`` header and body exactly as sent (text)."""
+        rows = [
+            {"path": path, "x_request_id": rid, "body": body.decode("utf-8", "replace")}
+            for path, rid, body in self.state.received
+        ]
+        return json_response({"requests": rows})
+
+    async def reset_requests(self, _request: web.Request) -> web.Response:
+        self.state.received.clear()
+        return json_response({"requests": []})
 
     async def stats(self, _request: web.Request) -> web.Response:
         st = self.state

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import random
 import struct
@@ -154,6 +155,13 @@ class EngineState:
         self.seats = asyncio.Semaphore(cfg.max_concurrency)
         self.unhung = asyncio.Event()
         self.unhung.set()
+        self.unstalled = asyncio.Event()  # cleared while the stall_body fault is on
+        self.unstalled.set()
+        # The last completion requests as received (GET /sim/requests): path, x-request-id, body.
+        self.received: collections.deque[tuple[str, str | None, bytes]] = collections.deque(maxlen=256)
+
+    def record(self, path: str, request_id: str | None, body: bytes) -> None:
+        self.received.append((path, request_id, body))
 
     @property
     def kv_layout(self) -> str:
@@ -169,6 +177,10 @@ class EngineState:
             self.unhung.clear()
         else:
             self.unhung.set()
+        if faults.stall_body:
+            self.unstalled.clear()
+        else:
+            self.unstalled.set()
 
     def should_error(self) -> bool:
         rate = self.faults.error_rate

@@ -3,7 +3,9 @@ and a real ``narwhal-supervisor``.
 
 Faults (``set_fault(url, **faults)``, merged): ``health_fail``, ``hang``, ``slow_ms``, ``error_rate``,
 ``wrong_model``, ``kv_layout``, ``break_descriptor`` (True/"missing"/"garbled"), ``attestation``
-("ok"/"broken"/"fail"), ``generation_fail``. ``reset_faults(url)`` clears them.
+("ok"/"broken"/"fail"), ``generation_fail``, ``stall_body`` (a buffered answer stops after half its
+body until cleared). ``sim_requests(url)``: the completion requests the engine received (path,
+``x_request_id``, body as sent). ``reset_faults(url)`` clears them.
 
 Stats (``sim_stats(url)``): ``requests`` {prefill, decode, plain} (also flat at top level),
 ``active_streams``, ``cancelled_streams``, ``completed``, ``errors``, ``kv_pulls_served`` (producer:
@@ -110,6 +112,13 @@ def sim_stats(url: str) -> dict[str, Any]:
     r.raise_for_status()
     result: dict[str, Any] = r.json()
     return result
+
+
+def sim_requests(url: str) -> list[dict[str, Any]]:
+    r = loopback.get(url.rstrip("/") + "/sim/requests", timeout=5.0)
+    r.raise_for_status()
+    rows: list[dict[str, Any]] = r.json()["requests"]
+    return rows
 
 
 async def aset_fault(url: str, **faults: Any) -> dict[str, Any]:

@@ -30,9 +30,8 @@ from router.engines.wire import (
     ResponseTooLarge,
     WireError,
 )
+from router.serving.params import PREFILL_DROP  # client fields the prefill leg never gets (§11.3)
 
-# Client fields the prefill leg never forwards (spec §11.3).
-PREFILL_DROP = frozenset({"stream_options", "min_tokens", "n", "best_of", "max_completion_tokens"})
 _JSON = "application/json"
 _CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
 
@@ -182,6 +181,48 @@ def prefill_body(body: dict[str, Any], model: str) -> bytes:
     out["stream"] = False
     out["kv_transfer_params"] = _REMOTE_DECODE
     return orjson.dumps(out)
+
+
+# What a streamed decode leg adds to the client's body: the router counts tokens on token_ids.
+_STREAM_SET: dict[str, Any] = {"stream": True, "return_token_ids": True, "stream_interval": 1}
+
+
+def decode_request(
+    raw: bytes,
+    body: dict[str, Any],
+    model: str,
+    descriptor: dict[str, Any] | None,
+    model_given: bool = True,
+) -> bytes:
+    """The decode leg's body: the client's own bytes with only what the PD split must set spliced
+    in before the closing brace — ``kv_transfer_params`` (the descriptor; none when the decode
+    runs on the producer itself), ``model`` when the client left it out, and for a streamed leg
+    ``return_token_ids``/``stream_interval`` — so every client field, number and unknown field
+    reaches the engine exactly as the client wrote it. A set field the client gave another value
+    (e.g. ``"return_token_ids": false``) cannot be spliced without a duplicate key: then the body
+    is rebuilt from the parsed document (same values; orjson writes numbers in shortest form)."""
+    add: dict[str, Any] = {}
+    if not model_given:
+        add["model"] = model
+    if body.get("stream") is True:
+        for key, value in _STREAM_SET.items():
+            have = body.get(key, _MISSING)
+            if have is _MISSING:
+                add[key] = value
+            elif have != value or type(have) is not type(value):
+                return decode_body(body, model, descriptor)
+    if descriptor is not None:
+        add["kv_transfer_params"] = descriptor
+    end = raw.rstrip().rfind(b"}")
+    if not add or end < 1:
+        return raw if end >= 1 else decode_body(body, model, descriptor)
+    extra = orjson.dumps(add)[1:-1]
+    head = raw[:end].rstrip()
+    sep = b"" if head.endswith(b"{") else b","
+    return b"".join((head, sep, extra, raw[end:]))
+
+
+_MISSING = object()
 
 
 def decode_body(body: dict[str, Any], model: str, descriptor: dict[str, Any] | None) -> bytes:
@@ -394,6 +435,44 @@ class EngineClient:
         resp.last_rx = asyncio.get_running_loop().time()
         resp.idle_limit = self.decode_read_timeout_s
         return DecodeStream(resp, iid)
+
+    async def decode_buffered(self, iid: str, url: str, path: str, body: bytes, xrid: str) -> bytes:
+        """Run a non-streamed decode leg; returns the engine's whole answer (status 200).
+
+        The engine answers when it has generated everything, so nothing bounds the wait for the
+        response head but the caller's (``serving.request_timeout_s``); from the head on, the body
+        must keep coming: ``decode_read_timeout_s`` between body bytes (the watchdog), and
+        ``serving.max_response_bytes`` in all.
+        """
+        try:
+            resp = await self._send(url, path, body, xrid, 0.0)
+        except (WireError, TimeoutError) as exc:
+            raise _classify(exc, "decode", iid) from None
+        resp.last_rx = asyncio.get_running_loop().time()
+        resp.idle_limit = self.decode_read_timeout_s
+        try:
+            raw = await resp.read()
+        except ResponseTooLarge as exc:
+            resp.close()
+            raise LegFailure("response_limit", "decode", iid, str(exc)) from None
+        except (WireError, TimeoutError) as exc:
+            resp.close()
+            if isinstance(exc, TimeoutError):
+                stalled = f"decode answer stalled: no body bytes for {self.decode_read_timeout_s}s"
+                failure = LegFailure("stream", "decode", iid, stalled)
+                failure.timed_out = True
+            else:
+                failure = _classify(exc, "decode", iid)
+                failure.kind = "stream"
+            raise failure from None
+        except BaseException:
+            resp.close()
+            raise
+        status = resp.status
+        resp.release()
+        if status != 200:
+            raise _status_failure(status, raw, "decode", iid)
+        return raw
 
     async def _watch_streams(self) -> None:
         """Fail legs past their deadline, and decode streams silent for ``decode_read_timeout_s``

@@ -188,10 +188,10 @@ class Response:
     async def readany(self) -> bytes:
         """The body bytes that arrived since the last call (waiting for some); b"" at the end."""
         while not self._chunks:
+            if self._exc is not None:  # first: a whole message over the limit is complete, and failed
+                raise self._exc
             if self.complete:
                 return b""
-            if self._exc is not None:
-                raise self._exc
             self._waiter = self.conn.loop.create_future()
             try:
                 await self._waiter

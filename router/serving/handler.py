@@ -18,20 +18,14 @@ from aiohttp import web
 from router.breaker import Breaker, Decision, FailureClass
 from router.core import RouterCore
 from router.counters import Outcome
-from router.engines.legs import DecodeStream, EngineClient, LegFailure, decode_body, prefill_body
+from router.engines.legs import DecodeStream, EngineClient, LegFailure, decode_request, prefill_body
 from router.metrics import ServingStats
 from router.serving.admission import Admission, QueueExpired, QueueFull
 from router.serving.errors import ClientError, error_body, error_doc, error_headers
 from router.serving.exchange import AioExchange, BodyTooLarge, Exchange, StreamSink
 from router.serving.outcome import RequestRecord, finish
 from router.serving.parse import PATHS, Endpoint, ParsedRequest, parse_request
-from router.serving.relay import (
-    StreamError,
-    StreamState,
-    assemble_response,
-    process_chunk,
-    relay_chunk,
-)
+from router.serving.relay import StreamError, StreamState, has_output, relay_chunk
 from router.serving.stream import BLOCKED, ClientGone, ClientRelay
 
 if TYPE_CHECKING:
@@ -43,6 +37,16 @@ _DONE = b"data: [DONE]\n\n"
 _DISCONNECTS = (ConnectionResetError, ConnectionError)
 # Request ids: 128 random bits as 32 hex digits (the shape of uuid4().hex, without its syscall).
 _randbits = random.Random().getrandbits  # seeded from os.urandom once
+_JSON_HEADERS = {"content-type": "application/json"}
+
+
+def engine_request_id(client_rid: str | None, rid: str) -> str:
+    """The ``x-request-id`` both engine legs get: the client's own (1-128 visible ASCII
+    characters), else the router's id. The engine names its answer after it (``cmpl-<id>``)."""
+    if client_rid and len(client_rid) <= 128 and client_rid.isascii() and client_rid.isprintable():
+        if " " not in client_rid:
+            return client_rid
+    return rid
 
 
 class DecisionSink(Protocol):
@@ -299,13 +303,16 @@ class Serving:
     ) -> None:
         sched, engines, body = self.core.scheduler, self.engines, parsed.body
         path = PATHS[parsed.endpoint]
-        xrid = f"{rec.rid}-a{attempt}"
+        # Both legs carry the request's id (the client's, or the router's); a retry adds -a<n>, a
+        # decode on the producer itself -d, so an engine never sees one id twice.
+        xrid = rec.engine_rid or engine_request_id(rec.client_rid, rec.rid)
+        rec.engine_rid = xrid
+        if attempt > 1:
+            xrid = f"{xrid}-a{attempt}"
         rec.prefill_iid, rec.decode_iid = p.iid, None
         p.resident_prefill += 1
         try:
-            desc = await engines.prefill(
-                p.iid, p.url, path, prefill_body(body, self.model), xrid + "-prefill"
-            )
+            desc = await engines.prefill(p.iid, p.url, path, prefill_body(body, self.model), xrid)
         finally:
             p.resident_prefill -= 1
         self.breaker.record_success(p.iid, "prefill")
@@ -322,13 +329,21 @@ class Serving:
             self._settle(ex, rec, "failed", "no_engine", err)
             raise _Settled
         rec.decode_iid = d.iid
-        dbody = decode_body(body, self.model, None if d.iid == p.iid else desc)
+        same = d.iid == p.iid
+        dbody = decode_request(parsed.raw, body, self.model, None if same else desc, parsed.model_given)
+        dxrid = xrid + "-d" if same else xrid
         d.resident_decode += 1
         d.opening_decode += 1  # until the engine has answered the leg (active-active acknowledgement)
+        if not parsed.stream:
+            try:
+                await self._buffered(ex, d, path, dbody, dxrid, parsed, rec)
+            finally:
+                d.resident_decode -= 1
+            return
         stream = None
         clean = False
         st = StreamState()
-        want, buffered = parsed.want_token_ids, not parsed.stream
+        want = parsed.want_token_ids
         frames: list[bytes] = []
         try:
             try:
@@ -336,19 +351,16 @@ class Serving:
                 # watchdog enforces it: no timer per request)
                 try:
                     stream = await engines.open_decode(
-                        d.iid, d.url, path, dbody, xrid + "-decode", self.first_token_timeout
+                        d.iid, d.url, path, dbody, dxrid, self.first_token_timeout
                     )
                 finally:
                     d.opening_decode -= 1
                 while True:
                     payload = await stream.next_data()
                     if payload is None:
-                        raise LegFailure("stream", "decode", d.iid, "[DONE] before any token")
-                    if buffered:
-                        _, n = process_chunk(payload, st, want, True)
-                    else:
-                        out, n = relay_chunk(payload, st, want)
-                        frames += (b"data: ", out, b"\n\n")
+                        raise LegFailure("stream", "decode", d.iid, "[DONE] before any output")
+                    out, n = relay_chunk(payload, st, want)
+                    frames += (b"data: ", out, b"\n\n")
                     if n:
                         break
                 stream.resp.deadline = 0.0
@@ -364,10 +376,7 @@ class Serving:
             except StreamError as exc:
                 raise LegFailure("stream", "decode", d.iid, str(exc)) from None
             rec.first_token_at = self.core.clock.monotonic()
-            if buffered:
-                await self._assemble(ex, stream, st, parsed, rec)
-            else:
-                await self._relay(ex, stream, st, parsed, rec, frames)
+            await self._relay(ex, stream, st, parsed, rec, frames)
             clean = True
             self.breaker.record_success(d.iid, "decode")
         finally:
@@ -378,20 +387,28 @@ class Serving:
                 else:
                     stream.close()  # drop the connection: the engine sees the client leave
 
-    async def _assemble(
-        self, ex: Exchange, stream: DecodeStream, st: StreamState, parsed: ParsedRequest, rec: RequestRecord
+    async def _buffered(
+        self,
+        ex: Exchange,
+        d: EngineRuntime,
+        path: str,
+        dbody: bytes,
+        xrid: str,
+        parsed: ParsedRequest,
+        rec: RequestRecord,
     ) -> None:
-        """Buffered client: read the whole decode stream, answer one completion document."""
-        want = parsed.want_token_ids
+        """Buffered client: the decode leg answers one document, and that document — the engine's
+        own bytes — is the client's answer. Nothing reached the client before it, so a failed leg
+        is retried like a prefill. Its first output is the whole answer (``first_token_at``)."""
         try:
-            while (payload := await stream.next_data()) is not None:
-                process_chunk(payload, st, want, True)
-        except StreamError as exc:
-            raise LegFailure("stream", "decode", stream.iid, str(exc)) from None
-        rec.output_len = st.tokens
-        doc = assemble_response(st, parsed.endpoint, self.model, rec.rid, want)
+            raw = await self.engines.decode_buffered(d.iid, d.url, path, dbody, xrid)
+        finally:
+            d.opening_decode -= 1
+        rec.output_len = _answer_tokens(raw, d.iid)
+        rec.first_token_at = self.core.clock.monotonic()
+        self.breaker.record_success(d.iid, "decode")
         finish(self.core, self.stats, rec, "served")
-        ex.respond(200, orjson.dumps(doc), {"content-type": "application/json", "x-request-id": rec.rid})
+        ex.respond(200, raw, {**_JSON_HEADERS, "x-request-id": rec.rid})
 
     async def _relay(
         self,
@@ -457,3 +474,20 @@ class Serving:
         msg = f"client did not read the stream within serving.client_write_timeout_s ({self.client_write_timeout}s)"
         finish(self.core, self.stats, rec, "cancelled", "slow_client", 499, msg)
         sink.transport.abort()  # its unread bytes are dropped; the engine leg is closed by the caller
+
+
+def _answer_tokens(raw: bytes, iid: str) -> int:
+    """The generated tokens of a buffered decode answer (``usage.completion_tokens``, else one per
+    choice with output); a document that is not an answer, or holds no output, fails the leg."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise LegFailure("stream", "decode", iid, "decode answer is not JSON") from None
+    choices = doc.get("choices") if type(doc) is dict else None
+    if type(choices) is not list:
+        raise LegFailure("stream", "decode", iid, "decode answer has no choices")
+    usage = doc.get("usage")
+    n = usage.get("completion_tokens") if type(usage) is dict else None
+    if not n and not any(type(c) is dict and has_output(c) for c in choices):
+        raise LegFailure("stream", "decode", iid, "decode answer holds no output")
+    return n if type(n) is int else len(choices)

@@ -28,6 +28,7 @@ class RequestRecord:
         "cancelled_phase",
         "client_rid",
         "decode_iid",
+        "engine_rid",
         "error",
         "error_code",
         "error_type",
@@ -48,6 +49,7 @@ class RequestRecord:
         self.rid = rid
         self.arrived = arrived
         self.client_rid: str | None = None
+        self.engine_rid: str | None = None  # the x-request-id the engine legs carried
         self.outcome: str = ""
         self.reason = ""
         self.status = 0
@@ -104,6 +106,7 @@ def finish(
     row: dict[str, Any] = {
         "rid": rec.rid,
         "client_rid": rec.client_rid,
+        "engine_rid": rec.engine_rid,
         "arrived": rec.arrived,
         "input_len": rec.input_len,
         "output_len": rec.output_len,

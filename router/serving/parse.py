@@ -12,6 +12,7 @@ from typing import Any, Literal
 import orjson
 
 from router.serving.errors import ClientError
+from router.serving.params import refusal
 
 Endpoint = Literal["completions", "chat"]
 PATHS: dict[Endpoint, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -27,6 +28,8 @@ class ParsedRequest:
     stream: bool
     want_token_ids: bool
     include_usage: bool
+    raw: bytes = b""  # the client's body as sent (the decode leg's body is spliced from it)
+    model_given: bool = True  # the client named the model (else the router adds it to the legs)
 
 
 def _bad(message: str, param: str | None = None, code: str | None = None) -> ClientError:
@@ -53,6 +56,7 @@ def parse_request(
         raise _bad("request body must be a JSON object")
 
     m = body.get("model")
+    model_given = m is not None
     if m is None:
         body["model"] = model
     elif type(m) is not str:
@@ -76,8 +80,9 @@ def parse_request(
         v = body.get(key)
         if v is not None and v < 1:
             raise _bad(f"'{key}' must be at least 1", key)
-        if v is not None and v > 1:
-            raise _bad(f"'{key}' > 1 is not supported by this router", key)
+    refused = refusal(body)  # serving/params.py: the parameter table (docs/api.md)
+    if refused is not None:
+        raise _bad(refused[1], refused[0])
     for key in ("max_tokens", "max_completion_tokens"):
         v = body.get(key)
         if v is not None and v < 1:
@@ -118,4 +123,4 @@ def parse_request(
     want_ids = body.get("return_token_ids") is True
     opts = body.get("stream_options")
     include_usage = type(opts) is dict and opts.get("include_usage") is True
-    return ParsedRequest(endpoint, body, stream, want_ids, include_usage)
+    return ParsedRequest(endpoint, body, stream, want_ids, include_usage, raw, model_given)

@@ -1,13 +1,10 @@
-"""Decode-stream chunks: count tokens, strip engine-only fields, reassemble buffered answers. Pure."""
+"""Decode-stream chunks: count tokens and strip the fields the router added (token ids). Pure."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
-
-from router.serving.parse import Endpoint
 
 
 class StreamError(Exception):
@@ -17,20 +14,33 @@ class StreamError(Exception):
 class StreamState:
     """What the router learned from one decode stream so far."""
 
-    __slots__ = ("finish_reason", "meta", "prompt_tokens", "text", "token_ids", "tokens", "usage")
+    __slots__ = ("prompt_tokens", "tokens", "usage")
 
     def __init__(self) -> None:
         self.tokens = 0
-        self.text: list[str] = []
-        self.token_ids: list[int] = []
-        self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
         self.prompt_tokens: int | None = None
-        self.meta: dict[str, Any] = {}
 
 
-def process_chunk(payload: bytes, st: StreamState, want_ids: bool, assemble: bool) -> tuple[bytes, int]:
-    """Digest one ``data:`` payload. Returns (payload to relay, tokens it carried)."""
+# A choice delta of any of these kinds is output (the first one is the first token): a tool-call
+# stream has no ``content``, a reasoning model starts with ``reasoning_content``.
+_DELTA_OUTPUT = ("content", "tool_calls", "reasoning_content", "reasoning", "refusal", "function_call")
+
+
+def has_output(choice: dict[str, Any]) -> bool:
+    """The choice (a streamed chunk's or a buffered answer's) carries generated output."""
+    delta = choice.get("delta")
+    if delta is None:
+        delta = choice.get("message")
+    if type(delta) is dict:
+        return any(delta.get(k) for k in _DELTA_OUTPUT)
+    return bool(choice.get("text"))
+
+
+def process_chunk(payload: bytes, st: StreamState, want_ids: bool) -> tuple[bytes, int]:
+    """Digest one ``data:`` payload. Returns (payload to relay, tokens it carried): a choice's
+    ``token_ids`` count one each; a choice without them counts 1 when it carries output of any
+    kind (``has_output``)."""
     try:
         obj = orjson.loads(payload)
     except orjson.JSONDecodeError:
@@ -63,8 +73,6 @@ def process_chunk(payload: bytes, st: StreamState, want_ids: bool, assemble: boo
                 if type(tids) is not list:
                     raise StreamError("decode stream chunk has invalid token_ids")
                 n += len(tids)
-                if assemble and want_ids:
-                    st.token_ids.extend(tids)
                 if not want_ids:
                     del ch["token_ids"]
                     changed = True
@@ -75,17 +83,8 @@ def process_chunk(payload: bytes, st: StreamState, want_ids: bool, assemble: boo
                 if not want_ids:
                     del ch["prompt_token_ids"]
                     changed = True
-            delta = ch.get("delta")
-            text = delta.get("content") if type(delta) is dict else ch.get("text")
-            if tids is None and text:
+            if tids is None and has_output(ch):
                 n += 1
-            if assemble and text:
-                st.text.append(text)
-            fin = ch.get("finish_reason")
-            if fin is not None:
-                st.finish_reason = fin
-    if assemble and not st.meta:
-        st.meta = {"id": obj.get("id"), "created": obj.get("created")}
     st.tokens += n
     return (orjson.dumps(obj) if changed else payload), n
 
@@ -112,22 +111,22 @@ def relay_chunk(payload: bytes, st: StreamState, want_ids: bool) -> tuple[bytes,
     ``prompt_token_ids`` list, counted and cut out the same way for a client that did not ask for
     ids). Anything else takes the full parse, so the result is the same either way."""
     if b'"error"' in payload:
-        return process_chunk(payload, st, want_ids, False)
+        return process_chunk(payload, st, want_ids)
     if b"prompt_token" in payload:  # the first chunk of a stream (return_token_ids)
         cut = None if want_ids else _cut_prompt_ids(payload, st)
         if cut is None:
-            return process_chunk(payload, st, want_ids, False)
+            return process_chunk(payload, st, want_ids)
         payload = cut
     i = payload.find(_TIDS)
     if i == -1:
-        return process_chunk(payload, st, want_ids, False)
+        return process_chunk(payload, st, want_ids)
     start = i + 14
     end = payload.find(b"]", start)
     if end == -1 or payload.find(_ANY_TIDS, end) != -1 or payload.count(b'"index":') != 1:
-        return process_chunk(payload, st, want_ids, False)
+        return process_chunk(payload, st, want_ids)
     n = _id_count(payload[start:end])
     if n < 0:
-        return process_chunk(payload, st, want_ids, False)
+        return process_chunk(payload, st, want_ids)
     st.tokens += n
     return (payload if want_ids else payload[:i] + payload[end + 1 :]), n
 
@@ -180,38 +179,3 @@ def relay_event(event: bytes, st: StreamState, want_ids: bool) -> bytes | None:
         return None
     st.tokens += n
     return event if want_ids else event[:i] + event[end + 1 :]
-
-
-def assemble_response(
-    st: StreamState, endpoint: Endpoint, model: str, rid: str, want_ids: bool
-) -> dict[str, Any]:
-    """A normal (non-streaming) completion / chat.completion document from a decode stream."""
-    text = "".join(st.text)
-    created = st.meta.get("created") or int(time.time())
-    choice: dict[str, Any]
-    if endpoint == "chat":
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": st.finish_reason or "stop",
-        }
-        doc: dict[str, Any] = {"id": f"chatcmpl-{rid}", "object": "chat.completion"}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": st.finish_reason or "stop"}
-        doc = {"id": f"cmpl-{rid}", "object": "text_completion"}
-    if want_ids:
-        choice["token_ids"] = st.token_ids
-    doc["created"] = created
-    doc["model"] = model
-    doc["choices"] = [choice]
-    if st.usage:
-        doc["usage"] = st.usage
-    else:
-        prompt = st.prompt_tokens or 0
-        doc["usage"] = {
-            "prompt_tokens": prompt,
-            "completion_tokens": st.tokens,
-            "total_tokens": prompt + st.tokens,
-        }
-    return doc

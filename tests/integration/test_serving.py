@@ -99,7 +99,8 @@ BAD: list[tuple[str, Any, int, str | None]] = [
     ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": "9"}, 400, "max_tokens"),
     ("/v1/chat/completions", {"model": MODEL, "messages": "hi"}, 400, "messages"),
     ("/v1/completions", {"model": "gpt-x", "prompt": "x"}, 404, "model"),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}, 400, "n"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 0}, 400, "n"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "prompt_logprobs": 1}, 400, "prompt_logprobs"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "best_of": 2}, 400, "best_of"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "kv_transfer_params": {}}, 400, "kv_transfer_params"),
     (

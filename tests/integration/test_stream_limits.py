@@ -124,10 +124,11 @@ def test_response_limit_cuts_without_retry(tmp_path: Path) -> None:
         assert router.post("/v1/completions", small).status_code == 200
         decodes0 = sum(sim_stats(s.url)["requests"]["decode"] for s in sims[1:])
         m0 = router.metrics()
-        big = {"model": MODEL, "prompt": "big", "max_tokens": 300}
+        # (a buffered answer is the engine's one document: 1000 tokens make it larger than 4096 bytes)
+        big = {"model": MODEL, "prompt": "big", "max_tokens": 1000}
         r = router.post("/v1/completions", big)
         assert r.status_code == 502, r.text
-        assert r.json()["error"]["code"] == "response_limit"
+        assert r.json()["error"]["code"] == "response_limit", r.text
         lines = _stream_lines(router, big)
         frames = [line for line in lines if line.startswith("data: {") and '"error"' not in line]
         err = json.loads(lines[-1][6:])

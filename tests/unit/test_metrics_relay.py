@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import orjson
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,7 +17,7 @@ from router.config import parse_fleet
 from router.core import RouterCore
 from router.journal import Journal
 from router.metrics import CONTENT_TYPE, Histogram
-from router.serving.relay import StreamState, assemble_response, process_chunk
+from router.serving.relay import StreamState, has_output, process_chunk
 
 FLEET = {
     "model": "m",
@@ -125,28 +126,35 @@ def test_chunk_strips_engine_fields_unless_asked() -> None:
         choices=[{"index": 0, "text": " a", "token_ids": [5, 6], "prompt_token_ids": [1, 2, 3]}],
         prompt_token_ids=[1, 2, 3],
     )
-    out, n = process_chunk(raw, st, want_ids=False, assemble=True)
+    out, n = process_chunk(raw, st, want_ids=False)
     assert n == 2 and st.prompt_tokens == 3
     doc = orjson.loads(out)
     assert "prompt_token_ids" not in doc and "token_ids" not in doc["choices"][0]
     st2 = StreamState()
-    out2, _ = process_chunk(raw, st2, want_ids=True, assemble=False)
+    out2, _ = process_chunk(raw, st2, want_ids=True)
     assert out2 is raw  # untouched bytes are relayed as they came
 
 
-def test_chat_chunks_reassemble_with_usage() -> None:
+@pytest.mark.parametrize(
+    ("choice", "tokens"),
+    [
+        ({"delta": {"role": "assistant", "content": ""}}, 0),  # vLLM's first chat chunk: no output
+        ({"delta": {"content": "Hel"}}, 1),
+        ({"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}, 1),
+        ({"delta": {"reasoning_content": "hmm"}}, 1),
+        ({"delta": {}, "finish_reason": "tool_calls"}, 0),
+        ({"text": " a"}, 1),
+        ({"text": ""}, 0),
+        ({"delta": {"content": "x"}, "token_ids": [4, 5]}, 2),  # token ids count when present
+    ],
+)
+def test_output_of_any_kind_counts_as_a_token(choice: dict[str, object], tokens: int) -> None:
+    """A tool-call or reasoning stream has no ``content``: its deltas are output all the same (the
+    first one is the first token); a role-only chunk or a usage chunk is not."""
     st = StreamState()
-    for i, text in enumerate(["Hel", "lo"]):
-        delta = {"role": "assistant", "content": text} if i == 0 else {"content": text}
-        fin = "length" if i == 1 else None
-        process_chunk(
-            _chunk(id="c", created=5, choices=[{"delta": delta, "token_ids": [i], "finish_reason": fin}]),
-            st,
-            want_ids=False,
-            assemble=True,
-        )
-    doc = assemble_response(st, "chat", "m", "rid1", want_ids=False)
-    assert doc["object"] == "chat.completion" and doc["created"] == 5
-    assert doc["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
-    assert doc["choices"][0]["finish_reason"] == "length"
-    assert doc["usage"] == {"prompt_tokens": 0, "completion_tokens": 2, "total_tokens": 2}
+    _, n = process_chunk(_chunk(id="c", choices=[{"index": 0, **choice}]), st, want_ids=True)
+    assert n == tokens and st.tokens == tokens
+    if "token_ids" not in choice:
+        assert has_output(choice) is (tokens > 0)
+    _, n = process_chunk(_chunk(id="c", choices=[], usage={"completion_tokens": 3}), st, want_ids=True)
+    assert n == 0 and st.usage == {"completion_tokens": 3}

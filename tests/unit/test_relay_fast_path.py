@@ -321,7 +321,7 @@ def test_prompt_ids_cut_on_bytes_match_the_json_relay(
         doc = {"prompt_token_ids": ptids, **doc}
     payload = orjson.dumps(doc)
     a, b = StreamState(), StreamState()
-    want_out, want_n = process_chunk(payload, a, want, False)
+    want_out, want_n = process_chunk(payload, a, want)
     out, n = relay_chunk(payload, b, want)
     assert (orjson.loads(out), n, b.tokens, b.prompt_tokens) == (
         orjson.loads(want_out),

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from router.engines.legs import decode_body, find_descriptor, prefill_body
+from router.engines.legs import decode_body, decode_request, find_descriptor, prefill_body
 from router.serving.errors import ClientError
 from router.serving.parse import parse_request
 
@@ -43,8 +43,10 @@ def test_valid_completion_and_chat() -> None:
         ({"prompt": "x", "max_tokens": 1.5}, "max_tokens"),
         ({"prompt": "x", "max_tokens": True}, "max_tokens"),
         ({"prompt": "x", "max_completion_tokens": "4"}, "max_completion_tokens"),
-        ({"prompt": "x", "best_of": None, "n": 2}, "n"),
+        ({"prompt": "x", "best_of": None, "n": 0}, "n"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
+        ({"prompt": "x", "prompt_logprobs": 0}, "prompt_logprobs"),
+        ({"prompt": "x", "prompt_logprobs": 5}, "prompt_logprobs"),
         ({"prompt": 7}, "prompt"),
         ({}, "prompt"),
         ({"prompt": "x", "kv_transfer_params": {"do_remote_decode": True}}, "kv_transfer_params"),
@@ -77,6 +79,37 @@ def test_unknown_model_is_404_model_not_found() -> None:
 
 def test_n_equal_one_is_fine() -> None:
     assert parse({"prompt": ["a", "b"], "n": 1, "best_of": 1}).body["n"] == 1
+
+
+def test_n_above_one_is_served_like_vllm() -> None:
+    """n > 1 goes to the decode leg (the prefill leg runs one sequence); best_of > 1 is refused."""
+    p = parse({"prompt": "a", "n": 3, "best_of": None})
+    assert p.body["n"] == 3
+    assert "n" not in orjson.loads(prefill_body(p.body, MODEL))
+
+
+def _spliced(raw: bytes, stream: bool, desc: dict[str, Any] | None) -> bytes:
+    p = parse_request(raw, "completions", MODEL)
+    assert p.stream is stream
+    return decode_request(p.raw, p.body, MODEL, desc, p.model_given)
+
+
+def test_decode_leg_gets_the_clients_bytes_with_only_the_pd_fields_spliced_in() -> None:
+    desc = {"remote_engine_id": "e0-1", "remote_block_ids": [1, 2]}
+    raw = b'{"model":"m","prompt":"x","temperature":0.70,"top_p":1e-1,"x_unknown":{"a":[1.50]} }\n'
+    out = _spliced(raw, False, desc)  # buffered: only the descriptor is added
+    assert out == raw[: raw.rindex(b"}")].rstrip() + b',"kv_transfer_params":' + orjson.dumps(desc) + b"}\n"
+    raw = b'{"prompt":"x","stream":true}'
+    out = _spliced(raw, True, None)  # streamed, no model given, decode on the producer itself
+    assert out == b'{"prompt":"x","stream":true,"model":"m","return_token_ids":true,"stream_interval":1}'
+    raw = b'{"prompt":"x","stream":true,"return_token_ids":true,"model":"m"}'
+    assert _spliced(raw, True, None) == raw[:-1] + b',"stream_interval":1}'
+
+
+def test_a_field_the_split_sets_differently_rebuilds_the_body_with_the_same_values() -> None:
+    raw = b'{"prompt":"x","stream":true,"return_token_ids":false,"temperature":0.7}'
+    body = orjson.loads(_spliced(raw, True, None))
+    assert body["return_token_ids"] is True and body["temperature"] == 0.7  # no duplicate keys
 
 
 def test_prefill_body_shape() -> None:

@@ -191,7 +191,7 @@ def test_byte_relay_matches_the_json_relay(doc: dict[str, Any], want: bool, firs
     payload = orjson.dumps(doc)
     a, b = StreamState(), StreamState()
     try:
-        want_out, want_n = process_chunk(payload, a, want, False)
+        want_out, want_n = process_chunk(payload, a, want)
     except StreamError:
         try:
             relay_chunk(payload, b, want)
