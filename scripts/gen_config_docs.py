@@ -70,8 +70,10 @@ DESCRIPTIONS: dict[str, str] = {
     "engine.dialect": "Request dialect spoken to engines.",
     "engine.health_timeout_s": "Timeout of health, identity (`/version`, `/metrics`) and attestation reads.",
     "engine.first_token_timeout_s": "Decode leg: the first streamed token must arrive within this "
-    "time; also bounds the fabric check.",
-    "engine.decode_read_timeout_s": "Decode leg: largest allowed gap between streamed chunks.",
+    "time; a buffered leg's answer within this plus `(max_tokens - 1) × decode_read_timeout_s` "
+    "(`docs/api.md`); also bounds the fabric check.",
+    "engine.decode_read_timeout_s": "Decode leg: largest allowed gap between streamed chunks, and "
+    "between the body bytes of a buffered answer.",
     "engine.engine_api_key_env": "Name of an environment variable holding the engines' API key; when "
     "set, engine requests carry `authorization: Bearer <key>`.",
     "engine.tokenize": "Size prompts exactly via the engine's `/tokenize`.",

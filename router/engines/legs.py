@@ -436,18 +436,22 @@ class EngineClient:
         resp.idle_limit = self.decode_read_timeout_s
         return DecodeStream(resp, iid)
 
-    async def decode_buffered(self, iid: str, url: str, path: str, body: bytes, xrid: str) -> bytes:
+    async def decode_buffered(
+        self, iid: str, url: str, path: str, body: bytes, xrid: str, head_s: float = 0.0
+    ) -> bytes:
         """Run a non-streamed decode leg; returns the engine's whole answer (status 200).
 
-        The engine answers when it has generated everything, so nothing bounds the wait for the
-        response head but the caller's (``serving.request_timeout_s``); from the head on, the body
-        must keep coming: ``decode_read_timeout_s`` between body bytes (the watchdog), and
-        ``serving.max_response_bytes`` in all.
+        The engine answers when it has generated everything: ``head_s`` (0: none but the
+        caller's) bounds the wait for the response head, a leg past it fails with
+        ``LegFailure.deadline`` set; from the head on, the body must keep coming:
+        ``decode_read_timeout_s`` between body bytes (the watchdog), ``serving.max_response_bytes``
+        in all.
         """
         try:
-            resp = await self._send(url, path, body, xrid, 0.0)
+            resp = await self._send(url, path, body, xrid, head_s)
         except (WireError, TimeoutError) as exc:
             raise _classify(exc, "decode", iid) from None
+        resp.deadline = 0.0
         resp.last_rx = asyncio.get_running_loop().time()
         resp.idle_limit = self.decode_read_timeout_s
         try:

@@ -89,6 +89,7 @@ class Serving:
         self.max_attempts = cfg.serving.max_attempts
         self.request_timeout = cfg.serving.request_timeout_s
         self.first_token_timeout = cfg.engine.first_token_timeout_s
+        self.decode_read_timeout = cfg.engine.decode_read_timeout_s
         self.client_write_timeout = cfg.serving.client_write_timeout_s
 
     # -- component protocol -----------------------------------------------------------------
@@ -399,9 +400,21 @@ class Serving:
     ) -> None:
         """Buffered client: the decode leg answers one document, and that document — the engine's
         own bytes — is the client's answer. Nothing reached the client before it, so a failed leg
-        is retried like a prefill. Its first output is the whole answer (``first_token_at``)."""
+        is retried like a prefill. Its first output is the whole answer (``first_token_at``).
+
+        The wait for the answer's head is bounded by what a streamed leg of the same request could
+        take without being cut (``buffered_head_bound``); past it the leg fails like a missing
+        first token."""
+        bound = buffered_head_bound(parsed.body, self.first_token_timeout, self.decode_read_timeout)
         try:
-            raw = await self.engines.decode_buffered(d.iid, d.url, path, dbody, xrid)
+            raw = await self.engines.decode_buffered(d.iid, d.url, path, dbody, xrid, bound)
+        except LegFailure as f:
+            if not f.deadline:
+                raise
+            self.core.demand_risk.record("first_token_timeout")  # HA: consolidation risk (spec §9.3)
+            f = LegFailure("stream", "decode", d.iid, f"no answer within {bound:g}s")
+            f.timed_out = True
+            raise f from None
         finally:
             d.opening_decode -= 1
         rec.output_len = _answer_tokens(raw, d.iid)
@@ -474,6 +487,17 @@ class Serving:
         msg = f"client did not read the stream within serving.client_write_timeout_s ({self.client_write_timeout}s)"
         finish(self.core, self.stats, rec, "cancelled", "slow_client", 499, msg)
         sink.transport.abort()  # its unread bytes are dropped; the engine leg is closed by the caller
+
+
+def buffered_head_bound(body: dict[str, object], first_token_s: float, read_s: float) -> float:
+    """How long a buffered decode leg may take to answer: the longest a streamed leg of the same
+    request runs without being cut — the first token within ``first_token_s``, then every step
+    within ``read_s`` — ``first_token_s + (max_tokens - 1) * read_s``. 0 (no bound but
+    ``serving.request_timeout_s``) when the request does not bound its tokens."""
+    mt = body.get("max_completion_tokens") or body.get("max_tokens")
+    if type(mt) is not int or mt < 1:
+        return 0.0
+    return first_token_s + (mt - 1) * read_s
 
 
 def _answer_tokens(raw: bytes, iid: str) -> int:

@@ -119,7 +119,8 @@ def finish(
         "decode_iid": rec.decode_iid,
         "crossed": rec.prefill_iid is not None and rec.decode_iid not in (None, rec.prefill_iid),
         "stream": rec.stream,
-        "token_accounting": "token_ids",
+        # a buffered answer's tokens are its usage.completion_tokens (the decode leg is not streamed)
+        "token_accounting": "usage" if rec.stream is False else "token_ids",
         "error": error,
         "status": status,
         "error_type": error_type,

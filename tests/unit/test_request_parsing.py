@@ -9,6 +9,7 @@ import pytest
 
 from router.engines.legs import decode_body, decode_request, find_descriptor, prefill_body
 from router.serving.errors import ClientError
+from router.serving.handler import buffered_head_bound
 from router.serving.parse import parse_request
 
 MODEL = "m"
@@ -207,3 +208,17 @@ def test_max_tokens_above_the_context_is_a_400(key: str) -> None:
 def test_descriptor_block_ids(ids: list[Any], ok: bool) -> None:
     doc = {"kv_transfer_params": {"remote_engine_id": "a", "remote_block_ids": ids}}
     assert (find_descriptor(doc) is not None) is ok
+
+
+@pytest.mark.parametrize(
+    ("body", "bound"),
+    [
+        ({"max_tokens": 1}, 2.5),
+        ({"max_tokens": 5}, 2.5 + 4 * 10.0),
+        ({"max_completion_tokens": 3, "max_tokens": 50}, 2.5 + 2 * 10.0),
+        ({}, 0.0),  # unbounded request: only serving.request_timeout_s
+    ],
+)
+def test_a_buffered_decode_leg_may_take_what_a_streamed_one_could(body: dict[str, Any], bound: float) -> None:
+    """First token within first_token_timeout_s, every next step within decode_read_timeout_s."""
+    assert buffered_head_bound(body, 2.5, 10.0) == bound
