@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import ssl
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -344,19 +345,34 @@ class EngineClient:
             t = self._targets[(url, path)] = _Target(url, path, self.headers)
         return t
 
-    async def _send(self, url: str, path: str, body: bytes, xrid: str, bound_s: float) -> Response:
+    async def _send(
+        self,
+        url: str,
+        path: str,
+        body: bytes,
+        xrid: str,
+        bound_s: float,
+        sent: Callable[[], None] | None = None,
+    ) -> Response:
         """Send one leg request; ``bound_s`` bounds the exchange from now (the watchdog enforces
         it: no timer per leg). A reused keep-alive connection the engine closed meanwhile is
-        replaced once (nothing of the request was processed: no response byte came back)."""
+        replaced once (nothing of the request was processed: no response byte came back).
+        ``sent`` is called once the request is written to a connection (before the head)."""
         target = self._target(url, path)
         extra: dict[str, str] | None = None
         if self.traced:
             with telemetry.client_span("POST", target.url) as extra:
-                return await self._exchange(target, body, xrid, extra, bound_s)
-        return await self._exchange(target, body, xrid, extra, bound_s)
+                return await self._exchange(target, body, xrid, extra, bound_s, sent)
+        return await self._exchange(target, body, xrid, extra, bound_s, sent)
 
     async def _exchange(
-        self, target: _Target, body: bytes, xrid: str, extra: dict[str, str] | None, bound_s: float
+        self,
+        target: _Target,
+        body: bytes,
+        xrid: str,
+        extra: dict[str, str] | None,
+        bound_s: float,
+        sent: Callable[[], None] | None = None,
     ) -> Response:
         data = target.request(body, xrid, extra)
         loop = asyncio.get_running_loop()
@@ -367,6 +383,9 @@ class EngineClient:
             resp.deadline = deadline
             self._watched.add(resp)
             resp.on_close = self._watched.discard
+            if sent is not None:
+                sent()
+                sent = None
             try:
                 await resp.head()
             except ConnectionLost:
@@ -437,7 +456,14 @@ class EngineClient:
         return DecodeStream(resp, iid)
 
     async def decode_buffered(
-        self, iid: str, url: str, path: str, body: bytes, xrid: str, head_s: float = 0.0
+        self,
+        iid: str,
+        url: str,
+        path: str,
+        body: bytes,
+        xrid: str,
+        head_s: float = 0.0,
+        sent: Callable[[], None] | None = None,
     ) -> bytes:
         """Run a non-streamed decode leg; returns the engine's whole answer (status 200).
 
@@ -445,10 +471,11 @@ class EngineClient:
         caller's) bounds the wait for the response head, a leg past it fails with
         ``LegFailure.deadline`` set; from the head on, the body must keep coming:
         ``decode_read_timeout_s`` between body bytes (the watchdog), ``serving.max_response_bytes``
-        in all.
+        in all. ``sent``: called once the request is on a connection to the engine (the answer's
+        head comes only when everything is generated).
         """
         try:
-            resp = await self._send(url, path, body, xrid, head_s)
+            resp = await self._send(url, path, body, xrid, head_s, sent)
         except (WireError, TimeoutError) as exc:
             raise _classify(exc, "decode", iid) from None
         resp.deadline = 0.0

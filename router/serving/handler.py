@@ -406,8 +406,17 @@ class Serving:
         take without being cut (``buffered_head_bound``); past it the leg fails like a missing
         first token."""
         bound = buffered_head_bound(parsed.body, self.first_token_timeout, self.decode_read_timeout)
+        opening = [True]
+
+        def sent() -> None:
+            # The engine answers when it is done: the leg stops "opening" (active-active drain
+            # acknowledgement) once it is on the engine's connection; resident_decode still counts it.
+            if opening[0]:
+                opening[0] = False
+                d.opening_decode -= 1
+
         try:
-            raw = await self.engines.decode_buffered(d.iid, d.url, path, dbody, xrid, bound)
+            raw = await self.engines.decode_buffered(d.iid, d.url, path, dbody, xrid, bound, sent)
         except LegFailure as f:
             if not f.deadline:
                 raise
@@ -416,7 +425,7 @@ class Serving:
             f.timed_out = True
             raise f from None
         finally:
-            d.opening_decode -= 1
+            sent()
         rec.output_len = _answer_tokens(raw, d.iid)
         rec.first_token_at = self.core.clock.monotonic()
         self.breaker.record_success(d.iid, "decode")
