@@ -100,6 +100,10 @@ def parse(body: Any, chat: bool) -> Parsed:
     if not isinstance(stream, bool):
         raise RequestError(400, "stream must be a boolean", param="stream")
     opts = body.get("stream_options")
+    if opts is not None and not stream:  # vLLM's validator
+        raise RequestError(
+            400, "Stream options can only be defined when `stream=True`.", param="stream_options"
+        )
     include_usage = isinstance(opts, dict) and opts.get("include_usage") is True
     kv = body.get("kv_transfer_params")
     if kv is not None and not isinstance(kv, dict):

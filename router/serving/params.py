@@ -76,7 +76,8 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter(
         "stream_options.include_usage",
         "decode leg",
-        "the decode engine's final usage chunk (`choices: []`) is relayed before `[DONE]`",
+        "the decode engine's final usage chunk (`choices: []`) is relayed before `[DONE]`; "
+        "`stream_options` without `stream: true` is refused (400, `param: stream_options`), as vLLM does",
     ),
     Parameter(
         "stream_options.continuous_usage_stats",

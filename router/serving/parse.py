@@ -72,6 +72,9 @@ def parse_request(
     elif type(stream) is not bool:
         raise _bad("'stream' must be a boolean", "stream")
 
+    if body.get("stream_options") is not None and not stream:  # as vLLM: 400, not a 502 from the decode leg
+        raise _bad("'stream_options' can only be set when 'stream' is true", "stream_options")
+
     for key in _INT_FIELDS:
         v = body.get(key)
         if v is not None and not _is_int(v):

@@ -30,9 +30,14 @@ def test_valid_completion_and_chat() -> None:
     p = parse({"model": MODEL, "prompt": "hi", "max_tokens": 3, "stream": True, "return_token_ids": True})
     assert (p.stream, p.want_token_ids, p.include_usage) == (True, True, False)
     c = parse(
-        {"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}, "chat"
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        "chat",
     )
-    assert c.body["model"] == MODEL and c.stream is False and c.include_usage is True
+    assert c.body["model"] == MODEL and c.stream is True and c.include_usage is True
 
 
 @pytest.mark.parametrize(
@@ -48,6 +53,8 @@ def test_valid_completion_and_chat() -> None:
         ({"prompt": "x", "best_of": 3}, "best_of"),
         ({"prompt": "x", "prompt_logprobs": 0}, "prompt_logprobs"),
         ({"prompt": "x", "prompt_logprobs": 5}, "prompt_logprobs"),
+        ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"prompt": "x", "stream": False, "stream_options": {}}, "stream_options"),
         ({"prompt": 7}, "prompt"),
         ({}, "prompt"),
         ({"prompt": "x", "kv_transfer_params": {"do_remote_decode": True}}, "kv_transfer_params"),
