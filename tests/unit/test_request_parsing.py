@@ -9,7 +9,7 @@ import pytest
 
 from router.engines.legs import decode_body, decode_request, find_descriptor, prefill_body
 from router.serving.errors import ClientError
-from router.serving.handler import buffered_head_bound
+from router.serving.handler import buffered_head_bound, engine_request_id
 from router.serving.parse import parse_request
 
 MODEL = "m"
@@ -229,3 +229,20 @@ def test_descriptor_block_ids(ids: list[Any], ok: bool) -> None:
 def test_a_buffered_decode_leg_may_take_what_a_streamed_one_could(body: dict[str, Any], bound: float) -> None:
     """First token within first_token_timeout_s, every next step within decode_read_timeout_s."""
     assert buffered_head_bound(body, 2.5, 10.0) == bound
+
+
+@pytest.mark.parametrize(
+    ("client", "sent"),
+    [
+        ("req-42", "req-42"),
+        ("a" * 128, "a" * 128),
+        (None, "r" * 32),
+        ("", "r" * 32),
+        ("a" * 129, "r" * 32),  # too long for a header we forward
+        ("two words", "r" * 32),
+        ("caf\u00e9", "r" * 32),  # not ASCII
+        ("tab\there", "r" * 32),
+    ],
+)
+def test_the_engine_legs_carry_the_clients_request_id_when_usable(client: str | None, sent: str) -> None:
+    assert engine_request_id(client, "r" * 32) == sent
