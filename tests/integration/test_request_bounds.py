@@ -1,5 +1,5 @@
-"""Request bounds through a real router and real simulated engines: a poison ``max_tokens`` is a
-400 that touches no engine, a context-length refusal by an engine is never retried on another one,
+"""Request bounds through a real router and real simulated engines: a poison ``max_tokens`` or
+``min_tokens`` is a 400 that touches no engine, a context-length refusal by an engine is never retried on another one,
 ``n <= 0`` is a 400, a lifecycle request naming an engine twice is a 422, and the simulator answers
 a huge ``max_tokens`` at once instead of allocating per token."""
 
@@ -68,6 +68,17 @@ def test_poison_max_tokens_is_a_400_that_touches_no_engine(
     assert "exceeds the model's context of 8192 tokens" in err["message"]
     assert _engine_requests(sims) == before
     assert router.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 8}).status_code == 200
+
+
+def test_poison_min_tokens_is_a_400_naming_it(stack: tuple[RouterHandle, list[SimEngine]]) -> None:
+    router, sims = stack
+    before = _engine_requests(sims)
+    r = router.post("/v1/completions", {"model": MODEL, "prompt": "x", "min_tokens": POISON})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens", r.text
+    r = router.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 4, "min_tokens": 5})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "min_tokens must be less than or equal to max_tokens=4, got 5."
+    assert _engine_requests(sims) == before
 
 
 @pytest.mark.parametrize("n", [0, -1])
