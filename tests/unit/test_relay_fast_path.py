@@ -383,6 +383,55 @@ def test_native_relay_read_on_any_bytes(data: bytes, want: bool) -> None:
     assert NATIVE(data, want, True, 1 << 20) == relay_read_py(data, want, True, 1 << 20)
 
 
+_hex_size = st.one_of(
+    st.integers(0, 2**32 - 1).map(lambda n: b"%x" % n),
+    st.sampled_from([b"ffffffff", b"FFFFFFFF", b"7fffffff", b"80000000", b"10000000", b"fffffff0"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    events=st.lists(_event, min_size=1, max_size=4),
+    size=_hex_size,
+    which=st.integers(0, 3),
+    slack=st.integers(-3, 3),
+    want=st.booleans(),
+)
+def test_native_relay_read_refuses_a_chunk_size_beyond_the_read(
+    events: list[bytes], size: bytes, which: int, slack: int, want: bool
+) -> None:
+    """A chunk size larger than what is left of the read — up to 8 hex digits, ``ffffffff`` past a
+    32-bit ``Py_ssize_t`` — is no whole chunk: the C loop stops there like the Python one (the size
+    is refused before it is added, so nothing overflows), and so does one just over the data."""
+    assert NATIVE is not None, NATIVE_PROBLEM
+    chunks = _http_chunks(events, [], False)
+    which %= len(chunks)
+    body = b"".join(events)
+    near = b"%x" % max(1, len(body) + slack)  # around the real size: just fits, or just not
+    for field in (size, near):
+        cut = chunks[which].index(b"\r\n")
+        forged = [*chunks[:which], field + chunks[which][cut:], *chunks[which + 1 :]]
+        for data in (b"".join(forged), b"".join(forged) + b"0\r\n\r\n"):
+            for budget in (1 << 30, 2**63 - 1):
+                assert NATIVE(data, want, True, budget) == relay_read_py(data, want, True, budget)
+
+
+def test_relay_read_at_the_edges_of_a_chunk_size() -> None:
+    ev = b"data: " + orjson.dumps(_token_doc([7])) + b"\n\n"
+    whole = b"%x\r\n%b\r\n" % (len(ev), ev)
+    for impl in _IMPLS:
+        for data in (
+            b"ffffffff\r\n" + ev + b"\r\n",
+            b"7fffffff\r\n" + ev + b"\r\n",
+            b"5\r\n",  # the size line ends the read
+            b"1\r\n\r\n",
+            b"%x\r\n%b\r\n" % (len(ev) + 1, ev),  # one byte over what is there
+            whole[:-1],
+        ):
+            assert impl(data, False, True, 2**63 - 1) == (b"", 0, 0, 0, 0), (impl, data)
+        assert impl(whole, True, False, 2**63 - 1) == (ev, 1, len(whole), len(ev), 1)
+
+
 def test_relay_read_takes_whole_plain_chunks_and_leaves_the_rest() -> None:
     tok = [b"data: " + orjson.dumps(_token_doc([i])) + b"\n\n" for i in (7, 8)]
     chunks = [c for ev in tok for c in _http_chunks([ev], [], False)]
