@@ -14,6 +14,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from router.engines import wire as engine_wire
 from router.engines.legs import DecodeStream, LegFailure
 from router.engines.sse import SSEFramer
 from router.engines.wire import EngineConnection, EnginePool, whole_chunks
@@ -109,6 +110,20 @@ class _Transport:
         return None
 
 
+class _PausingTransport(_Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.paused = False
+
+    def pause_reading(self) -> None:
+        assert not self.paused
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        assert self.paused
+        self.paused = False
+
+
 def _dechunk(data: bytes) -> bytes:
     out, pos = b"", 0
     while pos < len(data):
@@ -149,6 +164,14 @@ def test_the_native_relay_loop_is_built() -> None:
     assert relay_read is NATIVE
 
 
+async def _handled(conn: EngineConnection) -> None:
+    """Until the connection has handled the whole read: a read over ``READ_SLICE`` is handled a
+    slice per event-loop iteration."""
+    for _ in range(-(-len(conn.backlog) // engine_wire.READ_SLICE)):
+        await asyncio.sleep(0)  # one turn of the loop
+    assert not conn.backlog
+
+
 async def _relay(
     reads: list[bytes], want: bool, early: int = 0, impl: RelayRead = relay_read
 ) -> tuple[bytes, str, int, int]:
@@ -170,11 +193,13 @@ async def _relay(
     relay.impl = impl
     for r in reads[:early]:
         conn.data_received(r)
+        await _handled(conn)
     relay.start()
     for r in reads[early:]:
         if relay.finished:
             break
         conn.data_received(r)
+        await _handled(conn)
     if not relay.finished:
         conn.connection_lost(None)
     sent = _dechunk(bytes(client.data)) + b"".join(relay.tail)
@@ -211,6 +236,7 @@ def _http_chunks(events: list[bytes], groups: list[int], upper: bool) -> list[by
     groups=st.lists(st.integers(0, 5000), max_size=4),
     cuts=st.lists(st.integers(0, 5000), max_size=8),
     early=st.integers(0, 3),
+    read_slice=st.sampled_from([engine_wire.READ_SLICE, 1, 2, 7, 64]),
 )
 def test_client_bytes_do_not_depend_on_chunking_or_reads(
     events: list[bytes],
@@ -220,7 +246,9 @@ def test_client_bytes_do_not_depend_on_chunking_or_reads(
     groups: list[int],
     cuts: list[int],
     early: int,
+    read_slice: int,
 ) -> None:
+    """... nor on how much of a read the connection handles per event-loop iteration."""
     events = [*events, b"data: [DONE]\n\n"] if done else events
     ref = _reference_frames(events, want)
     per_event = [c for ev in events for c in _http_chunks([ev], [], upper)]
@@ -244,7 +272,64 @@ def test_client_bytes_do_not_depend_on_chunking_or_reads(
                 sent, outcome, tokens, _ = await _relay(reads, want, early, impl)
                 assert (sent, outcome, tokens) == ref, (name, impl)
 
-    asyncio.run(run())
+    with mock.patch.object(engine_wire, "READ_SLICE", read_slice):
+        asyncio.run(run())
+
+
+def test_one_read_of_one_byte_chunks_is_handled_a_slice_per_loop_iteration() -> None:
+    """An engine sending 1-byte HTTP chunks (one long event, then many token events) in reads of
+    256 KiB: each event-loop callback handles at most ``READ_SLICE`` bytes of a read (body bytes
+    counted between two turns of a ticker on the same loop), the transport is paused meanwhile,
+    and the client gets what a well-chunked engine gives it."""
+    events = [b"data: " + orjson.dumps(_token_doc([1], text="x" * 100_000)) + b"\n\n"]
+    events += [b"data: " + orjson.dumps(_token_doc([i])) + b"\n\n" for i in range(500)]
+    events.append(b"data: [DONE]\n\n")
+    body = b"".join(events)
+    one_byte = b"".join(b"1\r\n%c\r\n" % c for c in body) + b"0\r\n\r\n"
+    reads = [_HEAD + one_byte[:100]] + [one_byte[i : i + 262144] for i in range(100, len(one_byte), 262144)]
+
+    async def run() -> tuple[list[int], bytes, StreamState, bool]:
+        loop = asyncio.get_running_loop()
+        conn = EngineConnection(EnginePool(1.0), ("127.0.0.1", 1), loop)
+        engine = _PausingTransport()
+        conn.connection_made(engine)  # type: ignore[arg-type]
+        resp = conn.send(b"", 1 << 30)
+        client, state = _Transport(), StreamState()
+        relay = ClientRelay(
+            DecodeStream(resp, "e"),
+            client,  # type: ignore[arg-type]
+            SimpleNamespace(writing_paused=False),
+            True,
+            state,
+            False,
+        )
+        relay.start()
+        seen: list[int] = []
+
+        def tick() -> None:
+            seen.append(resp.received)
+            if not relay.finished:
+                loop.call_soon(tick)
+
+        loop.call_soon(tick)
+        for r in reads:
+            assert not engine.paused  # the transport reads again once a read is handled
+            conn.data_received(r)
+            assert engine.paused == (len(r) > engine_wire.READ_SLICE)
+            await _handled(conn)
+            await asyncio.sleep(0)
+        assert relay.finished and relay.signal.result() == "done"
+        return seen, _dechunk(bytes(client.data)) + b"".join(relay.tail), state, engine.paused
+
+    seen, sent, state, paused = asyncio.run(run())
+    steps = [b - a for a, b in itertools.pairwise(seen)]
+    assert max(steps) <= engine_wire.READ_SLICE // 6 + 1  # ~6 wire bytes per body byte
+    assert max(steps) * 20 < len(body)  # no callback handled more than a twentieth of the stream
+    assert len([s for s in steps if s]) >= len(one_byte) // engine_wire.READ_SLICE
+    assert (state.tokens, paused) == (501, False)
+    ref, outcome, tokens = _reference_frames(events, False)
+    assert (outcome, tokens) == ("done", 501)
+    assert sent == ref
 
 
 def test_plain_token_chunks_take_the_fast_path() -> None:
