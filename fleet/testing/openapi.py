@@ -37,7 +37,7 @@ def check_response(doc: dict[str, Any], path: str, method: str, status: int, bod
 
 
 def is_valid_request(doc: dict[str, Any], path: str, body: Any) -> bool:
-    return jsonschema.Draft202012Validator(request_schema(doc, path)).is_valid(body)
+    return bool(jsonschema.Draft202012Validator(request_schema(doc, path)).is_valid(body))
 
 
 def _resolve(doc: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
