@@ -30,7 +30,7 @@ from router.logs import setup_logging
 from router.replicas import settings as replica_settings
 from router.replicas import wiring as replica_wiring
 from router.serving import fastrelay
-from router.serving.front import FrontServer
+from router.serving.front import FrontServer, install_malformed_head_log
 
 log = logging.getLogger("narwhal.serve")
 
@@ -157,6 +157,7 @@ async def serve(config: FleetConfig, options: RouterOptions) -> None:
     if fastrelay.NATIVE_PROBLEM:  # same bytes, more router CPU per relayed token
         log.warning("%s", fastrelay.NATIVE_PROBLEM)
     observability.install(app, core)  # OpenTelemetry only when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    install_malformed_head_log()  # a malformed head: one INFO line, not aiohttp's traceback
     graceful = (
         options.graceful_timeout
         if options.graceful_timeout is not None

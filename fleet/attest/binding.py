@@ -2,7 +2,8 @@
 
 At start the sidecar *binds* to the engine process it finds: the engine's ``/version``, its
 ``process_start_time_seconds`` (``/metrics``) and, with ``--engine-pid``, the start time of that PID
-from ``/proc``. From then on every answer re-reads the live values; once they differ from the bound
+from ``/proc`` (a PID that does not hold a socket listening on the engine's port is refused:
+``proc.port_problem``). From then on every answer re-reads the live values; once they differ from the bound
 ones the binding is *broken* for good (latched): the sidecar answers 503 and never serves an
 attestation of a process it did not bind. A restarted engine needs a restarted (re-bound) sidecar.
 """

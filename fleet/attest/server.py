@@ -2,7 +2,8 @@
 
 Binding runs in the background until it succeeds (an engine can take minutes to load a model):
 until then every route answers 503 ``unbound`` with the reason. Every answer after that re-reads
-the engine (``/version`` + ``/metrics``, and ``/proc/PID`` with ``--engine-pid``): a changed or
+the engine (``/version`` + ``/metrics``, and ``/proc/PID`` with ``--engine-pid``; that PID is only
+bound when it holds a socket listening on the engine URL's port): a changed or
 exited process latches ``changed`` (503 for good: restart the sidecar to bind the new process); an
 unreachable engine answers 503 ``engine_unreachable`` for that request only. An attestation is only
 ever served for the process that was bound, verified live in the same request.
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -48,6 +50,11 @@ class Settings:
     timeout_s: float = 5.0
     bind_interval_s: float = 1.0
     max_start_skew_s: float = 60.0
+
+    @property
+    def engine_port(self) -> int:
+        parts = urlsplit(self.engine_url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
 
 
 class EngineReader:
@@ -130,7 +137,14 @@ class Sidecar:
         except EngineUnreachable as exc:
             self.reason = f"not bound yet: {exc}"
             return False
-        problem = bind_problem(obs, self.s.contract, self.s.pid, self.s.max_start_skew_s)
+        problem = ""
+        if self.s.pid is not None:  # first: the PID must be what answers on the engine's port
+            try:
+                problem = proc.port_problem(self.s.pid, self.s.engine_port)
+            except proc.ProcessGone as exc:
+                self._latch(f"engine process exited while binding: {exc}")
+                return False
+        problem = problem or bind_problem(obs, self.s.contract, self.s.pid, self.s.max_start_skew_s)
         if problem:
             self.reason = f"not bound: {problem}"
             return False

@@ -31,7 +31,7 @@ class SSEFramer:
     __slots__ = ("buf", "cr", "done", "ready")
 
     def __init__(self) -> None:
-        self.buf = b""  # bytes of an incomplete event
+        self.buf = bytearray()  # bytes of an incomplete event
         self.cr = False  # the last chunk ended with CR (already turned into LF)
         self.done = False  # [DONE] seen; anything after it is ignored
         self.ready: list[bytes] = []  # complete payloads not handed out yet
@@ -57,19 +57,34 @@ class SSEFramer:
         if b"\r" in chunk:
             self.cr = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        buf = self.buf + chunk if self.buf else chunk
+        buf = self.buf
+        if not buf:  # no partial event: the chunk's events, without a copy of the chunk
+            start = 0
+            while (end := chunk.find(_SEP, start)) != -1:
+                if self._add(chunk[start:end]):
+                    return True
+                start = end + 2
+            buf += memoryview(chunk)[start:]
+            return False
+        # A partial event grows in place and is searched from its last byte only (it holds no
+        # blank line): an event cut into many small chunks costs what its bytes cost, not their
+        # square (1-byte chunks of a long event would hold the event loop).
+        at = len(buf) - 1
+        buf += chunk
         start = 0
-        while (end := buf.find(_SEP, start)) != -1:
-            if self._add(buf[start:end]):
-                self.buf = b""
+        while (end := buf.find(_SEP, at)) != -1:
+            if self._add(bytes(buf[start:end])):
+                buf.clear()
                 return True
-            start = end + 2
-        self.buf = buf[start:] if start else buf
+            start = at = end + 2
+        if start:
+            del buf[:start]
         return False
 
     def eof(self) -> None:
         """The body ended: an unterminated last event still counts (like a ``readuntil``)."""
-        tail, self.buf = self.buf, b""
+        tail = bytes(self.buf)
+        self.buf.clear()
         if tail and not self.done:
             self._add(tail, unterminated=True)
 

@@ -25,6 +25,11 @@ from typing import Protocol
 import httptools
 
 _HEX = b"0123456789abcdefABCDEF"
+# The most bytes of one read handled in one event-loop callback. A larger read (up to 256 KiB from
+# the transport) is handled a slice per loop iteration, with reading paused until the last slice:
+# an engine sending 1-byte HTTP chunks (~6 wire bytes each) costs at most ~2,700 parser and framer
+# steps per callback, and the client, other requests and timers get their turn in between.
+READ_SLICE = 16384
 
 
 class WireError(Exception):
@@ -267,6 +272,9 @@ class EngineConnection(asyncio.Protocol):
         self.keep_alive = True
         self.closed = False
         self.reading = True  # False while the router paused reading (a slow client downstream)
+        self.backlog = b""  # the rest of a read over READ_SLICE, handled on the next iterations
+        self._paused = False  # the transport's reading is paused (by ``reading`` or a backlog)
+        self._resume_soon = False  # a _continue is scheduled
         # The parser has just finished a chunk of a chunked body and holds nothing after it: the
         # next read, when it is exactly one whole chunk, can skip the parser (see data_received).
         self.at_boundary = False
@@ -282,6 +290,49 @@ class EngineConnection(asyncio.Protocol):
                 pass
 
     def data_received(self, data: bytes) -> None:
+        if self.backlog:  # a transport that delivered after its pause: after the backlog, in order
+            self.backlog += data
+            return
+        if len(data) > READ_SLICE:
+            data, self.backlog = data[:READ_SLICE], data[READ_SLICE:]
+            self._hold()
+        self._receive(data)
+
+    def _hold(self) -> None:
+        """Pause the transport until the backlog is handled; handle its next slice soon (unless
+        the router paused reading: ``resume_reading`` goes on with it)."""
+        self._set_paused()
+        if self.reading and not self._resume_soon:
+            self._resume_soon = True
+            self.loop.call_soon(self._continue)
+
+    def _continue(self) -> None:
+        self._resume_soon = False
+        if self.closed or not self.backlog:
+            self.backlog = b""
+            return
+        if not self.reading:
+            return  # paused for a slow client: resume_reading goes on from here
+        data = self.backlog
+        if len(data) > READ_SLICE:
+            data, self.backlog = data[:READ_SLICE], data[READ_SLICE:]
+            self._hold()
+        else:
+            self.backlog = b""
+            self._set_paused()
+        self._receive(data)
+
+    def _set_paused(self) -> None:
+        transport = self.transport
+        paused = not self.reading or bool(self.backlog)
+        if transport is not None and not self.closed and paused != self._paused:
+            self._paused = paused
+            if paused:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
+    def _receive(self, data: bytes) -> None:
         resp, parser = self.response, self.parser
         if resp is None or parser is None:
             self.abort()  # bytes nobody asked for: the connection is not reusable
@@ -330,6 +381,9 @@ class EngineConnection(asyncio.Protocol):
         resp._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.backlog and not self.closed:  # what arrived before the end, then the end
+            data, self.backlog = self.backlog, b""
+            self._receive(data)
         self.closed = True
         self.pool.forget(self)
         resp = self.response
@@ -370,7 +424,7 @@ class EngineConnection(asyncio.Protocol):
     def finish(self, resp: Response) -> None:
         if resp is not self.response:
             return
-        if resp.complete and self.keep_alive and not self.closed:
+        if resp.complete and self.keep_alive and not self.closed and not self.backlog:
             self.response = None
             self.parser = None
             self.resume_reading()
@@ -381,15 +435,19 @@ class EngineConnection(asyncio.Protocol):
     def pause_reading(self) -> None:
         if self.transport is not None and not self.closed and self.reading:
             self.reading = False
-            self.transport.pause_reading()
+            self._set_paused()
 
     def resume_reading(self) -> None:
         if self.transport is not None and not self.closed and not self.reading:
             self.reading = True
-            self.transport.resume_reading()
+            if self.backlog:
+                self._hold()  # the rest of the last read first, a slice per iteration
+            else:
+                self._set_paused()
 
     def abort(self) -> None:
         self.response = None
+        self.backlog = b""
         if self.transport is not None and not self.closed:
             self.closed = True
             self.pool.forget(self)

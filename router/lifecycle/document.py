@@ -148,12 +148,26 @@ def _no_duplicates(engines: list[str]) -> list[str]:
     return engines
 
 
+# What the body checks refuse (422) is in the request schemas too, so a body valid by the OpenAPI
+# document is never a 422: no engine named twice; ``deadline_s`` a JSON number that is a finite
+# double (a larger literal is not one: "request body is not valid JSON"). A ``deadline_s`` that is
+# not positive, an unknown engine or a shape the fleet forbids is the lifecycle's 409 (spec §5.2).
+_UNIQUE: dict[str, Any] = {"uniqueItems": True}
+_FINITE: dict[str, Any] = {"minimum": -sys.float_info.max, "maximum": sys.float_info.max}
+
+
 class DrainRequest(_Strict):
     """``POST /narwhal/lifecycle/drain``; ``wave: true`` with no engines means every engine."""
 
-    engines: list[StrictStr] = Field(default_factory=list, description="engine IDs to drain")
+    engines: list[StrictStr] = Field(
+        default_factory=list, description="engine IDs to drain", json_schema_extra=_UNIQUE
+    )
     wave: StrictBool = Field(default=False, description="drain the whole fleet as one wave")
-    deadline_s: float = Field(default=300.0, description="seconds until the drain deadline (> 0)")
+    deadline_s: float = Field(
+        default=300.0,
+        description="seconds until the drain deadline (> 0, else 409 'deadline_s must be positive')",
+        json_schema_extra=_FINITE,
+    )
 
     _unique = field_validator("engines")(_no_duplicates)
 
@@ -170,7 +184,9 @@ class DrainRequest(_Strict):
 class ReadmitRequest(_Strict):
     """``POST /narwhal/lifecycle/readmit``; ``wave: true`` with no engines means the whole wave."""
 
-    engines: list[StrictStr] = Field(default_factory=list, description="engine IDs to validate")
+    engines: list[StrictStr] = Field(
+        default_factory=list, description="engine IDs to validate", json_schema_extra=_UNIQUE
+    )
     wave: StrictBool = Field(default=False, description="validate and readmit the active wave")
 
     _unique = field_validator("engines")(_no_duplicates)

@@ -88,9 +88,46 @@ def add_lifecycle_routes(app: web.Application, service: LifecycleService) -> Non
     app.router.add_get("/narwhal/openapi.json", openapi)
 
 
+# The answers that are not the lifecycle document: the control token's 401/403 (``auth.py``) and the
+# client listener's 404 for ``/narwhal/*`` when a control listener is configured (``listeners.py``).
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "an answer before the lifecycle: what was wrong, and a stable code",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string", "enum": ["authentication_error", "not_found"]},
+                "code": {
+                    "type": "string",
+                    "enum": ["missing_token", "invalid_token", "control_listener_only"],
+                },
+            },
+            "required": ["message", "type", "code"],
+            "additionalProperties": False,
+        }
+    },
+    "required": ["error"],
+    "additionalProperties": False,
+}
+_GATES = {
+    "401": "control token missing (Authorization: Bearer <token>; reads only with control.protect_reads)",
+    "403": "control token wrong",
+    "404": "on the client listener when a control listener (control.port) is configured",
+}
+
+
 def _responses(codes: dict[str, str]) -> dict[str, Any]:
-    ref = {"$ref": "#/components/schemas/LifecycleDocument"}
-    return {c: {"description": d, "content": {"application/json": {"schema": ref}}} for c, d in codes.items()}
+    def schema(code: str) -> dict[str, str]:
+        name = "ErrorResponse" if code in _GATES else "LifecycleDocument"
+        return {"$ref": f"#/components/schemas/{name}"}
+
+    codes = {**codes, **_GATES}
+    return {
+        c: {"description": d, "content": {"application/json": {"schema": schema(c)}}}
+        for c, d in codes.items()
+    }
 
 
 def openapi_document() -> dict[str, Any]:
@@ -99,12 +136,11 @@ def openapi_document() -> dict[str, Any]:
     defs = doc_schema.pop("$defs", {})
     doc_schema.pop("$schema", None)
     doc_schema.pop("$id", None)
-    schemas: dict[str, Any] = {"LifecycleDocument": doc_schema, **defs}
+    schemas: dict[str, Any] = {"LifecycleDocument": doc_schema, "ErrorResponse": ERROR_SCHEMA, **defs}
     for model in (DrainRequest, ReadmitRequest):
         schemas[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
     text = orjson.dumps(schemas).replace(b"#/$defs/", b"#/components/schemas/")
-    common = {"422": "body of the wrong shape (error names the field)", "401": "control token missing",
-              "403": "control token wrong"}  # fmt: skip
+    common = {"422": "body not valid by this schema, or not JSON (error names the field)"}
 
     def post(model: str, summary: str, codes: dict[str, str]) -> dict[str, Any]:
         return {

@@ -128,11 +128,14 @@ static PyObject *relay_read(PyObject *self, PyObject *const *args, Py_ssize_t na
         if (i <= pos) {
             break;
         }
-        Py_ssize_t n = 0;
+        /* The size is refused once it is larger than what is left of the read after its line
+         * (it cannot be a whole chunk then): n stays <= size, so neither n * 16 + v, nor i + n + 4,
+         * nor the sum of the sizes can overflow, even where Py_ssize_t is 32 bits wide. */
+        Py_ssize_t left = size - i - 4, n = 0;
         int bad = 0;
-        for (Py_ssize_t k = pos; k < i; k++) { /* at most 8 digits: no overflow */
+        for (Py_ssize_t k = pos; k < i; k++) {
             int v = hexval(data[k]);
-            if (v < 0) {
+            if (v < 0 || v > left || n > (left - v) / 16) { /* n * 16 + v > left */
                 bad = 1;
                 break;
             }
@@ -141,8 +144,8 @@ static PyObject *relay_read(PyObject *self, PyObject *const *args, Py_ssize_t na
         if (bad || n == 0) {
             break;
         }
-        Py_ssize_t nxt = i + n + 4;
-        if (nxt > size || data[nxt - 2] != '\r' || data[nxt - 1] != '\n') {
+        Py_ssize_t nxt = i + n + 4; /* <= size */
+        if (data[nxt - 2] != '\r' || data[nxt - 1] != '\n') {
             break;
         }
         total += n;

@@ -9,6 +9,7 @@ served by ``Serving.handle`` through a :class:`FrontExchange` (one prebuilt resp
 with the first bytes of the body). Anything else — ``/health``, ``/metrics``, ``/narwhal/*``, a
 chunked or malformed request — is handed, unread, to aiohttp: the connection's transport is given
 to a new aiohttp ``RequestHandler`` with the bytes received so far, and stays aiohttp's to its end.
+aiohttp answers a malformed head 400; :class:`MalformedHeadLog` makes its log of it one INFO line.
 
 What it keeps from aiohttp's server, so the listener behaves the same:
 
@@ -35,6 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from router.serving.exchange import BodyTooLarge, Paused
@@ -47,6 +49,33 @@ if TYPE_CHECKING:
 log = logging.getLogger("narwhal.front")
 _LAST_CHUNK = b"0\r\n\r\n"
 LINGER_S = 10.0  # aiohttp's lingering_time: how long an unread body over the limit is read and dropped
+
+
+class MalformedHeadLog(logging.Filter):
+    """On aiohttp's server logger: a request aiohttp could not parse (a malformed head — the
+    client's fault, answered 400) is logged by aiohttp as an ERROR with a traceback, one per head.
+    This turns each into one INFO line of ours saying who sent it and what was wrong; every other
+    record passes as it is (aiohttp's DEBUG line for non-HTTP bytes on a first request stays DEBUG)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.levelno < logging.ERROR or not isinstance(exc, HttpProcessingError):
+            return True
+        peer = record.args[0] if isinstance(record.args, tuple) and record.args else "a client"
+        lines = []
+        for line in exc.message.splitlines():  # "Bad status line:\n  Expected CRLF …:\n\n  b'…'"
+            if not line.strip():
+                break
+            lines.append(line.strip())
+        what = " ".join(lines).rstrip(":") or type(exc).__name__
+        log.info("malformed request from %s answered %d: %s", peer, exc.code, what)
+        return False
+
+
+def install_malformed_head_log() -> None:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, MalformedHeadLog) for f in server_log.filters):
+        server_log.addFilter(MalformedHeadLog())
 
 
 class Handles(Protocol):

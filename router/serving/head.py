@@ -4,7 +4,8 @@
 and says one of three things: not all there yet (``None``), a completion request the front serves itself (:class:`Head`),
 or :data:`DELEGATE` — anything else, which the front hands, unread, to aiohttp: other paths and
 methods, a query string, HTTP/1.0, a chunked body, ``Expect``, ``Upgrade``, a missing or repeated
-``Content-Length``, and every malformed head (aiohttp answers those with its own 400). So the front
+``Content-Length``, and every malformed head, also one not complete yet that has a line ended by a
+bare LF (aiohttp answers those with its own 400 at once). So the front
 only ever serves the plain, well-formed shape of the two routes; correctness for the rest stays
 aiohttp's.
 
@@ -77,7 +78,9 @@ def scan(buf: bytes | bytearray) -> Scan:
         return DELEGATE
     end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
     if end < 0:
-        return DELEGATE if n >= MAX_HEAD + 4 else None
+        if n >= MAX_HEAD + 4 or buf.count(b"\n", 0, n) != buf.count(b"\r\n", 0, n):
+            return DELEGATE  # too long, or a bare LF: no head will come; aiohttp answers 400
+        return None
     fields = _Fields()
     parser = httptools.HttpRequestParser(fields)
     try:

@@ -18,7 +18,7 @@ Endpoint = Literal["completions", "chat"]
 PATHS: dict[Endpoint, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # Reserved for the router's own use in the vLLM dialect: a client may not set them.
 _RESERVED_XARGS = ("kv_transfer_params", "ec_transfer_params", "kv_cache_report_mode")
-_INT_FIELDS = ("n", "best_of", "max_tokens", "max_completion_tokens")
+_INT_FIELDS = ("n", "best_of", "max_tokens", "max_completion_tokens", "min_tokens")
 
 
 @dataclass(slots=True)
@@ -38,6 +38,28 @@ def _bad(message: str, param: str | None = None, code: str | None = None) -> Cli
 
 def _is_int(v: Any) -> bool:
     return type(v) is int
+
+
+def _check_min_tokens(body: dict[str, Any], endpoint: Endpoint, max_tokens_limit: int | None) -> None:
+    """``min_tokens`` (vLLM's sampling parameter): at least 0, within the model's context like
+    ``max_tokens``, and at most the request's own ``max_tokens`` (vLLM's rule and message; for chat
+    ``max_completion_tokens`` when given, as vLLM reads it)."""
+    v = body.get("min_tokens")
+    if v is None:
+        return
+    if v < 0:
+        raise _bad(f"min_tokens must be greater than or equal to 0, got {v}.", "min_tokens")
+    if max_tokens_limit is not None and v > max_tokens_limit:
+        raise _bad(
+            f"'min_tokens' ({v}) exceeds the model's context of {max_tokens_limit} tokens",
+            "min_tokens",
+            "context_length_exceeded",
+        )
+    cap = body.get("max_completion_tokens") if endpoint == "chat" else None
+    if cap is None:
+        cap = body.get("max_tokens")
+    if cap is not None and v > cap:
+        raise _bad(f"min_tokens must be less than or equal to max_tokens={cap}, got {v}.", "min_tokens")
 
 
 def parse_request(
@@ -96,6 +118,7 @@ def parse_request(
                 key,
                 "context_length_exceeded",
             )
+    _check_min_tokens(body, endpoint, max_tokens_limit)
 
     if endpoint == "completions":
         prompt = body.get("prompt")

@@ -12,13 +12,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from fleet.contract import DEFAULT_CONTRACT
 from router.attestation import contract_fingerprint
 from tests.support import loopback
-from tests.support.attest import engine_pids, restart_sidecar, start_sidecar, write_contract
-from tests.support.fleet import process_start, start_supervisor, write_fleet
+from tests.support.attest import Sidecar, engine_pids, restart_sidecar, start_sidecar, write_contract
+from tests.support.fleet import process_start, start_sims, start_supervisor, write_fleet
 from tests.support.lifecycle import FAST, Stack, wait_for
 from tests.support.procs import proc_group
 from tests.support.router import start_router
@@ -128,3 +129,39 @@ def test_bad_input_exits_2_with_a_message(tmp_path: Path) -> None:
         )
         assert proc.returncode == 2, proc.stderr
         assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_pid_that_does_not_serve_the_engines_port_is_refused(tmp_path: Path) -> None:
+    """``--engine-pid`` naming another engine (started a moment later: its start is well within
+    ``--max-start-skew`` of the engine's own) or a process with no socket at all is never bound:
+    503 ``unbound`` saying the PID holds no socket listening on the engine URL's port. The engine's
+    own PID binds and its command line is what is attested."""
+    contract = write_contract(tmp_path / "contract.json", dict(DEFAULT_CONTRACT))
+    with proc_group(tmp_path) as group:
+        sims = start_sims(group, 2, no_attestation=True)
+        pids = [s.proc.pid for s in sims if s.proc is not None]
+        idle = group.start("idle", ["sleep", "300"])
+        for wrong in (pids[1], idle.pid):
+            side = start_sidecar(group, f"wrong-{wrong}", sims[0].url, contract, pid=wrong, wait_bound=False)
+
+            def refusal(side: Sidecar = side) -> dict[str, Any] | None:
+                try:
+                    r = side.health()
+                except httpx.TransportError:  # not listening yet
+                    return None
+                doc: dict[str, Any] = r.json()
+                return doc if r.status_code == 503 and "listening" in doc["error"]["message"] else None
+
+            doc = wait_for(f"the sidecar given PID {wrong} refusing it", refusal)
+            assert doc["status"] == "unbound"
+            assert doc["error"]["message"] == (
+                f"not bound: PID {wrong} holds no socket listening on port {sims[0].port} "
+                "(the engine URL's port): --engine-pid does not name the engine process"
+            )
+            assert loopback.get(side.attestation_url, timeout=5).status_code == 503
+            side.proc.stop()
+        idle.stop()
+        side = start_sidecar(group, "right", sims[0].url, contract, pid=pids[0])
+        att = loopback.get(side.attestation_url, timeout=5).json()
+        args = att["launch"]["args"]
+        assert "--no-attestation" in args and args[args.index("--port") + 1] == str(sims[0].port)

@@ -1,11 +1,13 @@
-"""Request bounds through a real router and real simulated engines: a poison ``max_tokens`` is a
-400 that touches no engine, a context-length refusal by an engine is never retried on another one,
-``n <= 0`` is a 400, a lifecycle request naming an engine twice is a 422, and the simulator answers
-a huge ``max_tokens`` at once instead of allocating per token."""
+"""Request bounds through a real router and real simulated engines: a poison ``max_tokens`` or
+``min_tokens`` is a 400 that touches no engine, a context-length refusal by an engine is never
+retried on another one, ``n <= 0`` is a 400, a head with bare-LF line ends is a 400 at once with
+one INFO line, a lifecycle request naming an engine twice is a 422, and the simulator answers a
+huge ``max_tokens`` at once instead of allocating per token."""
 
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,6 +70,54 @@ def test_poison_max_tokens_is_a_400_that_touches_no_engine(
     assert "exceeds the model's context of 8192 tokens" in err["message"]
     assert _engine_requests(sims) == before
     assert router.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 8}).status_code == 200
+
+
+def test_poison_min_tokens_is_a_400_naming_it(stack: tuple[RouterHandle, list[SimEngine]]) -> None:
+    router, sims = stack
+    before = _engine_requests(sims)
+    r = router.post("/v1/completions", {"model": MODEL, "prompt": "x", "min_tokens": POISON})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens", r.text
+    r = router.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 4, "min_tokens": 5})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "min_tokens must be less than or equal to max_tokens=4, got 5."
+    assert _engine_requests(sims) == before
+
+
+_BARE_LF_HEADS = [
+    b"POST /v1/completions HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: 2\n\n{}",
+    b"POST /v1/completions HTTP/1.1\nHost: x\n",  # not complete yet: no head will ever come
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\nContent-Length: 2\r\n\r\n{}",
+    b"GET /health HTTP/1.1\nHost: x\n\n",
+]
+
+
+def _answer(port: int, head: bytes) -> bytes:
+    """What the router answers on a fresh connection (it closes after a malformed head)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(head)
+        data = b""
+        while b"\r\n\r\n" not in data and (more := s.recv(65536)):
+            data += more
+        return data
+
+
+def test_bare_lf_heads_are_a_400_at_once_with_one_info_line(
+    stack: tuple[RouterHandle, list[SimEngine]],
+) -> None:
+    """The answer comes at once — the header timeout (10 s) would close without one — and each
+    head costs one INFO line on the router's stderr, not aiohttp's traceback."""
+    router, sims = stack
+    before = _engine_requests(sims)
+    marker = "INFO narwhal.front: malformed request from 127.0.0.1 answered 400: "
+    seen = router.proc.output().count(marker)
+    for head in _BARE_LF_HEADS:
+        answer = _answer(router.port, head)
+        assert answer.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request"), (head, answer)
+    wait_until(lambda: router.proc.output().count(marker) == seen + len(_BARE_LF_HEADS), what="INFO lines")
+    out = router.proc.output()
+    assert "Traceback" not in out and "ERROR aiohttp" not in out, out[-3000:]
+    assert router.metrics().get("narwhal_header_timeouts_total", 0.0) == 0.0
+    assert _engine_requests(sims) == before
 
 
 @pytest.mark.parametrize("n", [0, -1])

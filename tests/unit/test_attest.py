@@ -93,6 +93,54 @@ def test_proc_start_time_and_redacted_cmdline(tmp_path: Path) -> None:
     assert 0 < time.time() - me < 24 * 3600
 
 
+def test_port_problem_reads_the_pids_sockets_against_the_listening_ones(tmp_path: Path) -> None:
+    pid_dir = tmp_path / "42"
+    (pid_dir / "fd").mkdir(parents=True)
+    (pid_dir / "net").mkdir()
+    head = (
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    )
+    (pid_dir / "net" / "tcp").write_text(
+        head
+        + "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000 0 111 1\n"
+        + "   1: 0100007F:1F91 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  1000 0 222 1\n"
+    )
+    (pid_dir / "net" / "tcp6").write_text(
+        head + "   0: 00000000000000000000000000000000:1F92 00000000000000000000000000000000:0000 0A "
+        "00000000:00000000 00:00000000 00000000  1000 0 333 1\n"
+    )
+    os.symlink("socket:[111]", pid_dir / "fd" / "3")
+    os.symlink("socket:[333]", pid_dir / "fd" / "4")
+    os.symlink("/dev/null", pid_dir / "fd" / "0")
+    assert proc.socket_inodes(42, tmp_path) == {111, 333}
+    assert proc.listening_inodes(42, 8080, tmp_path) == {111}
+    assert proc.listening_inodes(42, 8081, tmp_path) == set()  # connected, not listening
+    assert proc.listening_inodes(42, 8082, tmp_path) == {333}  # IPv6
+    assert proc.port_problem(42, 8080, tmp_path) == "" == proc.port_problem(42, 8082, tmp_path)
+    assert proc.port_problem(42, 8081, tmp_path) == (
+        "PID 42 holds no socket listening on port 8081 (the engine URL's port): "
+        "--engine-pid does not name the engine process"
+    )
+    with pytest.raises(proc.ProcessGone):
+        proc.port_problem(43, 8080, tmp_path)
+
+
+def test_port_problem_on_the_real_proc() -> None:
+    import socket
+    import subprocess
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        assert proc.port_problem(os.getpid(), port) == ""
+        other = subprocess.Popen(["sleep", "30"])
+        try:
+            assert "does not name the engine process" in proc.port_problem(other.pid, port)
+        finally:
+            other.kill()
+            other.wait()
+    assert "holds no socket listening on port" in proc.port_problem(os.getpid(), port)  # closed
+
+
 def test_binding_rules() -> None:
     obs = Observation(CONTRACT["engine_version"], 100.5, ("m",), pid_start=100.0)
     assert bind_problem(obs, CONTRACT, 7, 60.0) == ""

@@ -10,17 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import h11
 import pytest
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, BadStatusLine
 
 from router.config import ServingSettings
 from router.connections import ConnectionGuard, GuardedSite
 from router.serving.exchange import BodyTooLarge, Exchange
-from router.serving.front import FrontServer
+from router.serving.front import FrontServer, MalformedHeadLog
 from router.serving.head import DELEGATE, MAX_HEAD, Head, response_head, scan
 from router.serving.parse import Endpoint
 
@@ -194,6 +196,9 @@ def test_scan_waits_for_the_whole_head_at_every_cut() -> None:
         b"POST /v1/completions HTTP/1.1\r\nContent-Length: 3\r\nBad Name: x\r\n\r\n",
         b"POST /v1/completions HTTP/1.1\r\nContent-Length: 3\r\nX-A: 1\r\n folded\r\n\r\n",
         b"POST /v1/completions HTTP/1.1\r\nContent-Length: 3\nHost: r\r\n\r\n",  # a bare LF
+        b"POST /v1/completions HTTP/1.1\nHost: r\nContent-Length: 3\n\n",  # bare LFs only
+        b"POST /v1/completions HTTP/1.1\n",  # not finished, but no CRLF head can follow a bare LF
+        b"POST /v1/completions HTTP/1.1\r\nHost: r\n",
         b"POST /v1/completions HTTP/1.1\r\nContent-Length: 3\r\nX-A: a\x00b\r\n\r\n",
         b"POST  /v1/completions HTTP/1.1\r\nContent-Length: 3\r\n\r\n",
         b"POST /v1/completions HTTP/1.1\r\nX-Big: " + b"a" * MAX_HEAD + b"\r\n\r\n",
@@ -368,3 +373,39 @@ async def test_the_graceful_stop_finishes_the_request_in_progress_and_closes_idl
         assert header(resp, b"connection") == b"close"
         await stopping
         assert s.serving.cancelled == 0
+
+
+def _server_record(level: int, exc: BaseException) -> logging.LogRecord:
+    return logging.LogRecord(
+        "aiohttp.server",
+        level,
+        __file__,
+        1,
+        "Error handling request from %s",
+        ("10.0.0.7",),
+        (type(exc), exc, None),
+    )
+
+
+def test_a_malformed_head_is_one_info_line_and_other_errors_pass(caplog: pytest.LogCaptureFixture) -> None:
+    f = MalformedHeadLog()
+    caplog.set_level(logging.INFO, "narwhal.front")
+    bad = BadStatusLine(
+        b"GET /health HTTP/1.1\nHost: x\n\n", "Bad status line:\n  Expected CRLF after version:\n\n  b'GET'"
+    )
+    assert f.filter(_server_record(logging.ERROR, bad)) is False
+    assert (
+        f.filter(_server_record(logging.ERROR, BadHttpMessage("Missing expected CR after header value")))
+        is False
+    )
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        (
+            "INFO",
+            "malformed request from 10.0.0.7 answered 400: Bad status line: Expected CRLF after version",
+        ),
+        ("INFO", "malformed request from 10.0.0.7 answered 400: Missing expected CR after header value"),
+    ]
+    caplog.clear()
+    assert f.filter(_server_record(logging.ERROR, RuntimeError("a bug"))) is True  # a real error stays
+    assert f.filter(_server_record(logging.DEBUG, bad)) is True  # aiohttp's own DEBUG choice stays
+    assert caplog.records == []

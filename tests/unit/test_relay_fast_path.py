@@ -14,6 +14,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from router.engines import wire as engine_wire
 from router.engines.legs import DecodeStream, LegFailure
 from router.engines.sse import SSEFramer
 from router.engines.wire import EngineConnection, EnginePool, whole_chunks
@@ -109,6 +110,20 @@ class _Transport:
         return None
 
 
+class _PausingTransport(_Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.paused = False
+
+    def pause_reading(self) -> None:
+        assert not self.paused
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        assert self.paused
+        self.paused = False
+
+
 def _dechunk(data: bytes) -> bytes:
     out, pos = b"", 0
     while pos < len(data):
@@ -149,6 +164,14 @@ def test_the_native_relay_loop_is_built() -> None:
     assert relay_read is NATIVE
 
 
+async def _handled(conn: EngineConnection) -> None:
+    """Until the connection has handled the whole read: a read over ``READ_SLICE`` is handled a
+    slice per event-loop iteration."""
+    for _ in range(-(-len(conn.backlog) // engine_wire.READ_SLICE)):
+        await asyncio.sleep(0)  # one turn of the loop
+    assert not conn.backlog
+
+
 async def _relay(
     reads: list[bytes], want: bool, early: int = 0, impl: RelayRead = relay_read
 ) -> tuple[bytes, str, int, int]:
@@ -170,11 +193,13 @@ async def _relay(
     relay.impl = impl
     for r in reads[:early]:
         conn.data_received(r)
+        await _handled(conn)
     relay.start()
     for r in reads[early:]:
         if relay.finished:
             break
         conn.data_received(r)
+        await _handled(conn)
     if not relay.finished:
         conn.connection_lost(None)
     sent = _dechunk(bytes(client.data)) + b"".join(relay.tail)
@@ -211,6 +236,7 @@ def _http_chunks(events: list[bytes], groups: list[int], upper: bool) -> list[by
     groups=st.lists(st.integers(0, 5000), max_size=4),
     cuts=st.lists(st.integers(0, 5000), max_size=8),
     early=st.integers(0, 3),
+    read_slice=st.sampled_from([engine_wire.READ_SLICE, 1, 2, 7, 64]),
 )
 def test_client_bytes_do_not_depend_on_chunking_or_reads(
     events: list[bytes],
@@ -220,7 +246,9 @@ def test_client_bytes_do_not_depend_on_chunking_or_reads(
     groups: list[int],
     cuts: list[int],
     early: int,
+    read_slice: int,
 ) -> None:
+    """... nor on how much of a read the connection handles per event-loop iteration."""
     events = [*events, b"data: [DONE]\n\n"] if done else events
     ref = _reference_frames(events, want)
     per_event = [c for ev in events for c in _http_chunks([ev], [], upper)]
@@ -244,7 +272,64 @@ def test_client_bytes_do_not_depend_on_chunking_or_reads(
                 sent, outcome, tokens, _ = await _relay(reads, want, early, impl)
                 assert (sent, outcome, tokens) == ref, (name, impl)
 
-    asyncio.run(run())
+    with mock.patch.object(engine_wire, "READ_SLICE", read_slice):
+        asyncio.run(run())
+
+
+def test_one_read_of_one_byte_chunks_is_handled_a_slice_per_loop_iteration() -> None:
+    """An engine sending 1-byte HTTP chunks (one long event, then many token events) in reads of
+    256 KiB: each event-loop callback handles at most ``READ_SLICE`` bytes of a read (body bytes
+    counted between two turns of a ticker on the same loop), the transport is paused meanwhile,
+    and the client gets what a well-chunked engine gives it."""
+    events = [b"data: " + orjson.dumps(_token_doc([1], text="x" * 100_000)) + b"\n\n"]
+    events += [b"data: " + orjson.dumps(_token_doc([i])) + b"\n\n" for i in range(500)]
+    events.append(b"data: [DONE]\n\n")
+    body = b"".join(events)
+    one_byte = b"".join(b"1\r\n%c\r\n" % c for c in body) + b"0\r\n\r\n"
+    reads = [_HEAD + one_byte[:100]] + [one_byte[i : i + 262144] for i in range(100, len(one_byte), 262144)]
+
+    async def run() -> tuple[list[int], bytes, StreamState, bool]:
+        loop = asyncio.get_running_loop()
+        conn = EngineConnection(EnginePool(1.0), ("127.0.0.1", 1), loop)
+        engine = _PausingTransport()
+        conn.connection_made(engine)  # type: ignore[arg-type]
+        resp = conn.send(b"", 1 << 30)
+        client, state = _Transport(), StreamState()
+        relay = ClientRelay(
+            DecodeStream(resp, "e"),
+            client,  # type: ignore[arg-type]
+            SimpleNamespace(writing_paused=False),
+            True,
+            state,
+            False,
+        )
+        relay.start()
+        seen: list[int] = []
+
+        def tick() -> None:
+            seen.append(resp.received)
+            if not relay.finished:
+                loop.call_soon(tick)
+
+        loop.call_soon(tick)
+        for r in reads:
+            assert not engine.paused  # the transport reads again once a read is handled
+            conn.data_received(r)
+            assert engine.paused == (len(r) > engine_wire.READ_SLICE)
+            await _handled(conn)
+            await asyncio.sleep(0)
+        assert relay.finished and relay.signal.result() == "done"
+        return seen, _dechunk(bytes(client.data)) + b"".join(relay.tail), state, engine.paused
+
+    seen, sent, state, paused = asyncio.run(run())
+    steps = [b - a for a, b in itertools.pairwise(seen)]
+    assert max(steps) <= engine_wire.READ_SLICE // 6 + 1  # ~6 wire bytes per body byte
+    assert max(steps) * 20 < len(body)  # no callback handled more than a twentieth of the stream
+    assert len([s for s in steps if s]) >= len(one_byte) // engine_wire.READ_SLICE
+    assert (state.tokens, paused) == (501, False)
+    ref, outcome, tokens = _reference_frames(events, False)
+    assert (outcome, tokens) == ("done", 501)
+    assert sent == ref
 
 
 def test_plain_token_chunks_take_the_fast_path() -> None:
@@ -381,6 +466,55 @@ def test_native_relay_read_is_the_python_one(
 def test_native_relay_read_on_any_bytes(data: bytes, want: bool) -> None:
     assert NATIVE is not None, NATIVE_PROBLEM
     assert NATIVE(data, want, True, 1 << 20) == relay_read_py(data, want, True, 1 << 20)
+
+
+_hex_size = st.one_of(
+    st.integers(0, 2**32 - 1).map(lambda n: b"%x" % n),
+    st.sampled_from([b"ffffffff", b"FFFFFFFF", b"7fffffff", b"80000000", b"10000000", b"fffffff0"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    events=st.lists(_event, min_size=1, max_size=4),
+    size=_hex_size,
+    which=st.integers(0, 3),
+    slack=st.integers(-3, 3),
+    want=st.booleans(),
+)
+def test_native_relay_read_refuses_a_chunk_size_beyond_the_read(
+    events: list[bytes], size: bytes, which: int, slack: int, want: bool
+) -> None:
+    """A chunk size larger than what is left of the read — up to 8 hex digits, ``ffffffff`` past a
+    32-bit ``Py_ssize_t`` — is no whole chunk: the C loop stops there like the Python one (the size
+    is refused before it is added, so nothing overflows), and so does one just over the data."""
+    assert NATIVE is not None, NATIVE_PROBLEM
+    chunks = _http_chunks(events, [], False)
+    which %= len(chunks)
+    body = b"".join(events)
+    near = b"%x" % max(1, len(body) + slack)  # around the real size: just fits, or just not
+    for field in (size, near):
+        cut = chunks[which].index(b"\r\n")
+        forged = [*chunks[:which], field + chunks[which][cut:], *chunks[which + 1 :]]
+        for data in (b"".join(forged), b"".join(forged) + b"0\r\n\r\n"):
+            for budget in (1 << 30, 2**63 - 1):
+                assert NATIVE(data, want, True, budget) == relay_read_py(data, want, True, budget)
+
+
+def test_relay_read_at_the_edges_of_a_chunk_size() -> None:
+    ev = b"data: " + orjson.dumps(_token_doc([7])) + b"\n\n"
+    whole = b"%x\r\n%b\r\n" % (len(ev), ev)
+    for impl in _IMPLS:
+        for data in (
+            b"ffffffff\r\n" + ev + b"\r\n",
+            b"7fffffff\r\n" + ev + b"\r\n",
+            b"5\r\n",  # the size line ends the read
+            b"1\r\n\r\n",
+            b"%x\r\n%b\r\n" % (len(ev) + 1, ev),  # one byte over what is there
+            whole[:-1],
+        ):
+            assert impl(data, False, True, 2**63 - 1) == (b"", 0, 0, 0, 0), (impl, data)
+        assert impl(whole, True, False, 2**63 - 1) == (ev, 1, len(whole), len(ev), 1)
 
 
 def test_relay_read_takes_whole_plain_chunks_and_leaves_the_rest() -> None:

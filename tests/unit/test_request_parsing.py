@@ -200,6 +200,37 @@ def test_max_tokens_above_the_context_is_a_400(key: str) -> None:
     assert parse_request(orjson.dumps({"prompt": "x", key: 2**40}), "completions", MODEL).body[key] == 2**40
 
 
+def test_min_tokens_is_bounded_like_max_tokens() -> None:
+    def refused(body: dict[str, Any], endpoint: str = "completions", limit: int | None = 8192) -> ClientError:
+        with pytest.raises(ClientError) as info:
+            parse_request(orjson.dumps(body), endpoint, MODEL, limit)  # type: ignore[arg-type]
+        assert (info.value.status, info.value.param) == (400, "min_tokens")
+        return info.value
+
+    e = refused({"prompt": "x", "min_tokens": 2**63 - 1})
+    assert e.code == "context_length_exceeded" and "context of 8192 tokens" in e.message
+    assert "must be an integer" in refused({"prompt": "x", "min_tokens": 1.5}).message
+    assert "must be an integer" in refused({"prompt": "x", "min_tokens": True}).message
+    assert refused({"prompt": "x", "min_tokens": -1}).message == (
+        "min_tokens must be greater than or equal to 0, got -1."
+    )
+    # vLLM's rule and message: min_tokens above the request's own max_tokens
+    for limit in (8192, None):
+        e = refused({"prompt": "x", "max_tokens": 4, "min_tokens": 5}, limit=limit)
+        assert e.message == "min_tokens must be less than or equal to max_tokens=4, got 5."
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    e = refused({**chat, "max_tokens": 100, "max_completion_tokens": 4, "min_tokens": 5}, "chat")
+    assert "max_tokens=4" in e.message  # chat: max_completion_tokens is the bound when given
+    for ok, endpoint in (
+        ({"prompt": "x", "min_tokens": 0}, "completions"),
+        ({"prompt": "x", "min_tokens": 8192}, "completions"),
+        ({"prompt": "x", "max_tokens": 4, "min_tokens": 4}, "completions"),
+        ({**chat, "max_completion_tokens": 9, "max_tokens": 2, "min_tokens": 9}, "chat"),
+    ):
+        body = parse_request(orjson.dumps(ok), endpoint, MODEL, 8192).body  # type: ignore[arg-type]
+        assert body["min_tokens"] == ok["min_tokens"]
+
+
 @pytest.mark.parametrize(
     ("ids", "ok"),
     [

@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleet.testing.openapi import check_response, edge_bodies, is_valid_request, request_schema
 from router.core import RouterCore
 from router.engines.control import EngineControl
 from router.journal import Journal
@@ -188,7 +189,11 @@ def test_fuzz_posts_never_5xx_and_rejections_change_nothing(api: Api, action: st
         assert doc["error"]
     if status == 200:
         assert doc["error"] == ""
-    # keep the fleet usable for the next example: release whatever this example held
+    _release(api)
+
+
+def _release(api: Api) -> None:
+    """Keep the fleet usable for the next example: release whatever this example held."""
     m = api.service.machine
     if m.held():
         for e in api.fake.engines.values():
@@ -201,3 +206,65 @@ def test_fuzz_posts_never_5xx_and_rejections_change_nothing(api: Api, action: st
                 "/narwhal/lifecycle/readmit",
                 json.dumps({"engines": [iid] if iid else [], "wave": wave}).encode(),
             )
+
+
+# -- the OpenAPI document tells the truth about the POST bodies --------------------------------------
+def _from_schema(schema: dict[str, Any], doc: dict[str, Any]) -> st.SearchStrategy[Any]:
+    """Hypothesis values valid by ``schema`` (the subset the lifecycle request schemas use)."""
+    while "$ref" in schema:
+        schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    kind = schema.get("type")
+    if kind == "object":
+        props = {k: _from_schema(v, doc) for k, v in schema["properties"].items()}
+        return st.fixed_dictionaries({}, optional=props)
+    if kind == "array":
+        items = _from_schema(schema["items"], doc)
+        return st.lists(items, max_size=4, unique=bool(schema.get("uniqueItems")))
+    if kind == "string":
+        return st.sampled_from(["e0", "e1", "e2", "", "zz"]) | st.text(max_size=6)
+    if kind == "boolean":
+        return st.booleans()
+    if kind == "number":
+        lo, hi = schema.get("minimum"), schema.get("maximum")
+        return st.floats(lo, hi, allow_nan=False, allow_infinity=False) | st.integers(-(2**70), 2**70)
+    raise AssertionError(f"no strategy for {schema}")
+
+
+@pytest.fixture(scope="module")
+def document(api: Api) -> dict[str, Any]:
+    status, doc = api.call("GET", "/narwhal/openapi.json")
+    assert status == 200
+    return doc
+
+
+def _post_valid(api: Api, doc: dict[str, Any], action: str, body: dict[str, Any]) -> None:
+    path = f"/narwhal/lifecycle/{action}"
+    assert is_valid_request(doc, path, body), body
+    status, answer = api.call("POST", path, json.dumps(body).encode())
+    assert status != 422, (body, answer["error"])  # valid by the document: never "wrong shape"
+    check_response(doc, path, "post", status, answer)
+    _release(api)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), action=st.sampled_from(["drain", "readmit"]))
+def test_bodies_valid_by_the_openapi_document_are_never_a_422(
+    api: Api, document: dict[str, Any], data: st.DataObject, action: str
+) -> None:
+    schema = request_schema(document, f"/narwhal/lifecycle/{action}")
+    _post_valid(api, document, action, data.draw(_from_schema(schema, document)))
+
+
+def test_edge_bodies_of_the_openapi_document_are_never_a_422(api: Api, document: dict[str, Any]) -> None:
+    for action in ("drain", "readmit"):
+        for body in edge_bodies(document, f"/narwhal/lifecycle/{action}", ["e0", "e1", "e2"]):
+            _post_valid(api, document, action, body)
+
+
+def test_what_the_openapi_document_refuses_is_a_422(api: Api, document: dict[str, Any]) -> None:
+    path = "/narwhal/lifecycle/drain"
+    for raw in (b'{"engines":["e0","e0"]}', b'{"deadline_s":1e400}', b'{"wave":1}', b'{"x":1}'):
+        assert not is_valid_request(document, path, json.loads(raw)), raw
+        status, answer = api.call("POST", path, raw)
+        assert status == 422, (raw, answer)
+        check_response(document, path, "post", status, answer)
