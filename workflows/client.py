@@ -148,8 +148,9 @@ async def connect(address: str, namespace: str, sec: Security | None = None) -> 
             if sec.tls is False and "refused" not in text.lower()
             else ""
         )
+        over = "" if sec.tls is False and not sec.api_key else f" over {sec.describe()}"
         raise TemporalUnavailable(
-            f"cannot reach Temporal at {address} over {sec.describe()} ({why}){hint}; start it "
+            f"cannot reach Temporal at {address} ({why}){over}{hint}; start it "
             "(e.g. `temporal server start-dev`) or point --address / TEMPORAL_ADDRESS at the frontend"
         ) from exc
 

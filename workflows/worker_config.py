@@ -220,7 +220,7 @@ class WorkerSettings:
         self.path = Path(path) if path else None
         self.overrides = {k: dict(v) for k, v in (overrides or {}).items()}
         self._lock = threading.Lock()
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None
         self._config: WorkerConfig | None = None
         self._error = ""
         self.current()  # a bad file or flag fails at start
@@ -247,7 +247,7 @@ class WorkerSettings:
                 return self._config
             try:
                 st = self.path.stat()
-                stamp = (st.st_mtime_ns, st.st_size)
+                stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
             except OSError as exc:
                 raise WorkerConfigError(f"{self.path}: {exc.strerror or exc}") from None
             if stamp != self._stamp:

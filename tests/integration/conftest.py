@@ -24,6 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 from tests.support.etcd import EtcdCluster, etcd_installed
 from tests.support.procs import Proc, ProcGroup, script
 from tests.support.temporal import SEARCH_ATTRIBUTE_KEYS, dev_server_path, dying_with_us
+from tests.support.worker_config import session_worker_config
 
 
 @dataclass
@@ -70,7 +71,11 @@ STICKY_TIMEOUT = "1"
 
 
 def start_worker(group: ProcGroup, t: Temporal, task_queue: str, name: str = "worker") -> Proc:
-    args = [script("narwhal-worker"), "--address", t.address, "--task-queue", task_queue]
+    """Reads this pytest process's worker configuration (tests add their routers and templates)."""
+    args = [
+        script("narwhal-worker"), "--address", t.address, "--task-queue", task_queue,
+        "--config", str(session_worker_config().path),
+    ]  # fmt: skip
     proc = group.start(
         name,
         [*args, "--grace", "2", "--sticky-timeout", STICKY_TIMEOUT],
