@@ -10,7 +10,7 @@ the URL); ``{{`` and ``}}`` are literal braces. ``{name!q}`` is the value shell-
 (``shlex.quote``) for a command that hands its arguments to *another* shell, e.g. ssh, which joins
 its arguments and lets the remote user's shell parse them::
 
-    ssh -o BatchMode=yes {host} -- sudo systemctl restart vllm@{iid!q}
+    ssh -o BatchMode=yes -- {host} sudo systemctl restart vllm@{iid!q}
 
 A template with ``shell: true`` (worker configuration only) is run by ``/bin/sh -c``: every value
 is substituted shell-quoted, and a placeholder written inside quotes (``"{iid}"``, where the shell

@@ -14,7 +14,7 @@ until it is fixed) and/or flags (``--router NAME=URL[,URL]``, ``--router-token-e
                  "token_env": "NARWHAL_CONTROL_TOKEN"}
       },
       "templates": {
-        "restart": {"command": "ssh -o BatchMode=yes {host} -- sudo systemctl restart vllm@{iid!q}",
+        "restart": {"command": "ssh -o BatchMode=yes -- {host} sudo systemctl restart vllm@{iid!q}",
                     "pass_env": ["HOME", "SSH_AUTH_SOCK"], "timeout_s": 300},
         "rollback": {"command": "/usr/local/bin/vllm-rollback {iid} {url}"}
       }
