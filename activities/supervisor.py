@@ -226,20 +226,15 @@ class SupervisorActivities:
         except (Refused, WorkerConfigError) as exc:
             raise errors.worker_refused(str(exc)) from None
 
-    async def _restart_command(self, target: EngineTarget) -> RestartOutcome:
-        sup = target.supervisor
-        name, template = self.template(sup)
-        url = await self.engine_url(target.iid, target.url, sup)
-        details = activity.info().heartbeat_details
-        issued = bool(details and isinstance(details[0], dict) and details[0].get("command_issued"))
-        live = await self.live_process_start(url)
-        if live is not None and not same_process(live, target.old_process_start):
-            return RestartOutcome(iid=target.iid, restarted=False, note="engine already runs another process")
-        if live is None and issued:
-            raise errors.not_ready_yet(f"{target.iid}: restart command issued, engine not answering yet")
-        argv = command_argv(template, target.iid, url)
+    async def run_template(self, name: str, template: CommandTemplate, iid: str, url: str) -> str:
+        """Run one named template of the worker's configuration for an engine (no shell unless the
+        template says so; heartbeats while it runs). Returns the command line; a non-zero exit, a
+        timeout or a program that cannot start is a non-retryable ``RestartCommandFailed``. For
+        other templates than ``restart`` (e.g. ``rollback``) resolve them with
+        ``resolve_template(settings.current(), sup, name=...)``."""
+        iid, url = checked(iid, url)
+        argv = command_argv(template, iid, url)
         command = f"{name}: {shlex.join(argv)}"
-        await self._report_launch(target, command)
         activity.heartbeat({"command_issued": True, "command": command})
         # Its own session: a worker that dies mid-command does not take the restart down with it.
         # Output goes to a temporary file, not a pipe: a daemon the command starts may keep a pipe
@@ -252,7 +247,7 @@ class SupervisorActivities:
                     stdout=log,
                     stderr=log,
                     start_new_session=True,
-                    env=command_env(template, target.iid, url, self.env),
+                    env=command_env(template, iid, url, self.env),
                 )
             except OSError as exc:
                 raise ApplicationError(
@@ -284,6 +279,22 @@ class SupervisorActivities:
                 type=errors.RESTART_COMMAND_FAILED,
                 non_retryable=True,
             )
+        return command
+
+    async def _restart_command(self, target: EngineTarget) -> RestartOutcome:
+        sup = target.supervisor
+        name, template = self.template(sup)
+        url = await self.engine_url(target.iid, target.url, sup)
+        details = activity.info().heartbeat_details
+        issued = bool(details and isinstance(details[0], dict) and details[0].get("command_issued"))
+        live = await self.live_process_start(url)
+        if live is not None and not same_process(live, target.old_process_start):
+            return RestartOutcome(iid=target.iid, restarted=False, note="engine already runs another process")
+        if live is None and issued:
+            raise errors.not_ready_yet(f"{target.iid}: restart command issued, engine not answering yet")
+        command = f"{name}: {shlex.join(command_argv(template, target.iid, url))}"
+        await self._report_launch(target, command)
+        await self.run_template(name, template, target.iid, url)
         return RestartOutcome(iid=target.iid, restarted=True, note=f"ran {command}")
 
     # -- make an engine answer (identity capture after a 503 drain) ----------------------------

@@ -52,7 +52,14 @@ from workflows.models import (
     fleet_workflow_id,
 )
 from workflows.steps import cause_message
-from workflows.worker_config import CommandTemplate, RouterEntry, WorkerConfig, WorkerSettings
+from workflows.worker_config import (
+    CommandTemplate,
+    Refused,
+    RouterEntry,
+    WorkerConfig,
+    WorkerSettings,
+    resolve_template,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -370,3 +377,16 @@ def lifecycle_with_token(url: str, token: str) -> dict[str, Any]:
     r.raise_for_status()
     doc: dict[str, Any] = r.json()
     return doc
+
+
+async def test_other_named_templates_such_as_rollback_run_the_same_way(tmp_path: Path) -> None:
+    lab = Lab(tmp_path)
+    acts = supervisor(lab, rollback=CommandTemplate(command=f"{lab.rec} rollback {{iid}} {{port}}"))
+    cfg = acts.settings.current()
+    name, template = resolve_template(cfg, SupervisorRef(backend="command"), name="rollback")
+    ran = await ActivityEnvironment().run(acts.run_template, name, template, "e1", "http://gpu-1:8001")
+    assert ran.startswith("rollback: ") and lab.calls() == [["rollback", "e1", "8001"]]
+    with pytest.raises(ApplicationError, match=re.escape("engine id 'e1;x' refused")):
+        await ActivityEnvironment().run(acts.run_template, name, template, "e1;x", "")
+    with pytest.raises(Refused, match="command template 'restart' is not in this worker's"):
+        resolve_template(cfg, SupervisorRef(backend="command"))
