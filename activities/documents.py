@@ -12,7 +12,8 @@ the only door between the two planes.
 - the Prometheus HTTP-SD target list (``GET /narwhal/targets``) and the fleet file's engine list,
   the two sources of engine addresses
 
-No I/O here: workflow modules may import it (stdlib + pydantic only).
+Engine ids and URLs are held to ``router/ids.py`` (a hostile router's id is refused, naming it).
+No I/O here: workflow modules may import it (stdlib + pydantic + router/ids.py only).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from router.ids import EngineId, UnsafeValue, check_engine_id, check_engine_url
 
 LifecycleState = Literal["active", "draining", "drained", "deadline_exceeded", "validating", "blocked"]
 KNOWN_ROLES: frozenset[str] = frozenset({"prefill", "decode"})
@@ -68,7 +71,7 @@ class LifecycleDocument(_Read):
     schema_version: Literal[1]
     router: LifecycleRouter
     wave: LifecycleWave
-    engines: dict[str, LifecycleEngine]
+    engines: dict[EngineId, LifecycleEngine]
     engine_restart_policy: Literal["individual", "whole_wave"]
     error: str = ""
 
@@ -98,7 +101,7 @@ TARGET_LIST = TypeAdapter(list[TargetGroup])
 
 
 class FleetFileEngine(_Read):
-    iid: str = Field(min_length=1)
+    iid: EngineId
     url: str = Field(min_length=1)
     role: str = ""
 
@@ -161,9 +164,15 @@ def target_urls(doc: object, source: str = "") -> dict[str, str]:
             raise DocumentError(
                 f"{source}: target group {n} ({g.targets}) has no engine id label ({', '.join(IID_LABELS[:2])})"
             )
-        if len(g.targets) != 1:
-            raise DocumentError(f"{source}: target group of {iid} lists {len(g.targets)} targets, expected 1")
-        urls[iid] = _base_url(g)
+        try:
+            check_engine_id(iid, f"{source}: target group {n}: engine id")
+            if len(g.targets) != 1:
+                raise DocumentError(
+                    f"{source}: target group of {iid} lists {len(g.targets)} targets, expected 1"
+                )
+            urls[iid] = check_engine_url(_base_url(g), f"{source}: URL of {iid}")
+        except UnsafeValue as exc:
+            raise DocumentError(str(exc)) from None
     return urls
 
 
@@ -185,4 +194,7 @@ def fleet_file_urls(doc: object, source: str) -> dict[str, str]:
         fleet = FleetFileEngines.model_validate(doc)
     except ValidationError as exc:
         raise DocumentError(describe(exc, f"{source}: not a fleet file with an engines list")) from exc
-    return {e.iid: e.url.rstrip("/") for e in fleet.engines}
+    try:
+        return {e.iid: check_engine_url(e.url, f"{source}: URL of {e.iid}") for e in fleet.engines}
+    except UnsafeValue as exc:
+        raise DocumentError(str(exc)) from None

@@ -18,6 +18,7 @@ ENGINE_NOT_FOUND = "EngineNotFound"  # the supervisor does not know the engine (
 SUPERVISOR_UNAVAILABLE = "SupervisorUnavailable"  # supervisor API unreachable (retryable)
 RESTART_COMMAND_FAILED = "RestartCommandFailed"  # the command backend exited non-zero (non-retryable)
 LAUNCH_NOT_RECORDED = "LaunchNotRecorded"  # the launch could not be reported: nothing ran (retry)
+WORKER_REFUSED = "WorkerRefused"  # input names what the worker's configuration lacks (non-retryable)
 
 NON_RETRYABLE: tuple[str, ...] = (
     VALIDATION_FAILED,
@@ -25,6 +26,7 @@ NON_RETRYABLE: tuple[str, ...] = (
     UNAUTHORIZED,
     ENGINE_NOT_FOUND,
     RESTART_COMMAND_FAILED,
+    WORKER_REFUSED,
 )
 
 
@@ -46,3 +48,7 @@ def router_unavailable(message: str) -> ApplicationError:
 
 def unauthorized(message: str) -> ApplicationError:
     return ApplicationError(message, type=UNAUTHORIZED, non_retryable=True)
+
+
+def worker_refused(message: str) -> ApplicationError:
+    return ApplicationError(f"refused by the worker: {message}", type=WORKER_REFUSED, non_retryable=True)

@@ -33,6 +33,7 @@ from activities.documents import (
     lifecycle_document,
 )
 from activities.heartbeat import heartbeating
+from router.ids import UnsafeValue, check_engine_id
 from workflows.models import (
     ConfirmRequest,
     DrainOutcome,
@@ -44,6 +45,15 @@ from workflows.models import (
     RouterRef,
     StopWait,
     StopWaitRequest,
+    SupervisorRef,
+)
+from workflows.worker_config import (
+    Refused,
+    Router,
+    WorkerConfigError,
+    WorkerSettings,
+    resolve_router,
+    resolve_template,
 )
 
 NOT_CONTROLLING = "this router does not control the fleet"
@@ -97,25 +107,42 @@ def _not_controlling(status: int, body: Any) -> bool:
 
 
 class LifecycleClient:
-    """Talks to whichever configured router holds the lease."""
+    """Talks to whichever configured router holds the lease.
 
-    def __init__(self, http: httpx.AsyncClient, env: Mapping[str, str] | None = None) -> None:
+    Every call goes to a URL of the worker's configuration (``WorkerSettings``): the workflow's
+    ``RouterRef`` only names the router, and the bearer token of that router is sent to its
+    configured URLs and nowhere else (a holder URL a replica names outside them is not followed)."""
+
+    def __init__(
+        self, http: httpx.AsyncClient, settings: WorkerSettings, env: Mapping[str, str] | None = None
+    ) -> None:
         self.http = http
+        self.settings = settings
         self.env = env if env is not None else os.environ
-        self._holder: dict[tuple[str, ...], str] = {}
+        self._holder: dict[str, str] = {}
 
-    def headers(self, ref: RouterRef) -> dict[str, str]:
-        if not ref.token_env:
-            return {}
-        token = self.env.get(ref.token_env, "")
-        if not token:
-            raise errors.unauthorized(f"control token variable {ref.token_env} is not set on the worker")
-        return {"Authorization": f"Bearer {token}"}
+    def resolve(self, ref: RouterRef) -> Router:
+        """The configured router ``ref`` names; a non-retryable ``WorkerRefused`` otherwise."""
+        try:
+            return resolve_router(self.settings.current(), ref)
+        except (Refused, WorkerConfigError) as exc:
+            raise errors.worker_refused(str(exc)) from None
 
-    async def _request(self, ref: RouterRef, method: str, url: str, body: Any = None) -> tuple[int, Any]:
-        r = await self.http.request(
-            method, url, json=body, headers=self.headers(ref), timeout=ref.request_timeout_s
-        )
+    def headers(self, router: Router) -> dict[str, str]:
+        try:
+            token = router.token(self.env)
+        except WorkerConfigError as exc:
+            raise errors.unauthorized(str(exc)) from None
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def _request(
+        self, router: Router, method: str, url: str, body: Any = None, wait_s: float = 10.0
+    ) -> tuple[int, Any]:
+        if not any(url == u or url.startswith(u + "/") for u in router.urls):  # the token stays home
+            raise errors.worker_refused(
+                f"{url} is not a URL of router {router.name} ({', '.join(router.urls)})"
+            )
+        r = await self.http.request(method, url, json=body, headers=self.headers(router), timeout=wait_s)
         if r.status_code in (401, 403):
             raise errors.unauthorized(f"{url}: HTTP {r.status_code} (control token refused)")
         try:
@@ -124,17 +151,19 @@ class LifecycleClient:
             data = None
         return r.status_code, data
 
-    def _order(self, ref: RouterRef) -> list[str]:
-        cached = self._holder.get(tuple(ref.routers))
-        return ([cached] if cached else []) + [u for u in ref.routers if u != cached]
+    def _order(self, router: Router) -> list[str]:
+        cached = self._holder.get(router.name)
+        return ([cached] if cached in router.urls else []) + [u for u in router.urls if u != cached]
 
     async def find_holder(self, ref: RouterRef) -> FleetView:
         """The lifecycle view of the router that controls the fleet (cached holder tried first)."""
+        router = self.resolve(ref)
         seen: list[str] = []
-        order = self._order(ref)
-        for url in order:  # grows by the holder URL an active-active replica names
+        for url in self._order(router):
             try:
-                status, body = await self._request(ref, "GET", f"{url}/narwhal/lifecycle")
+                status, body = await self._request(
+                    router, "GET", f"{url}/narwhal/lifecycle", wait_s=ref.request_timeout_s
+                )
             except httpx.HTTPError as exc:
                 seen.append(f"{url}: {type(exc).__name__}")
                 continue
@@ -147,41 +176,49 @@ class LifecycleClient:
                 seen.append(str(exc))
                 continue
             if view.controls_fleet:
-                self._holder[tuple(ref.routers)] = url
+                self._holder[router.name] = url
                 return view
-            seen.append(f"{url}: does not control the fleet")
             hint = holder_hint(body)
-            if hint and hint not in order:
-                order.append(hint)
-        self._holder.pop(tuple(ref.routers), None)
+            outside = (
+                f" (names holder {hint}, not a URL of router {router.name})"
+                if hint and hint not in router.urls
+                else ""
+            )
+            seen.append(f"{url}: does not control the fleet{outside}")
+        self._holder.pop(router.name, None)
         raise errors.router_unavailable("no router controls the fleet (" + "; ".join(seen) + ")")
 
     async def post(self, ref: RouterRef, path: str, body: dict[str, Any]) -> tuple[int, Any, str]:
         """POST to the holder; re-discover the holder when a router is down or not in control."""
+        router = self.resolve(ref)
         last = ""
         for _ in range(3):
-            url = self._holder.get(tuple(ref.routers)) or (await self.find_holder(ref)).router_url
+            url = self._holder.get(router.name) or (await self.find_holder(ref)).router_url
             try:
-                status, data = await self._request(ref, "POST", f"{url}{path}", body)
+                status, data = await self._request(
+                    router, "POST", f"{url}{path}", body, ref.request_timeout_s
+                )
             except httpx.HTTPError as exc:
                 last = f"{url}: {type(exc).__name__}"
-                self._holder.pop(tuple(ref.routers), None)
+                self._holder.pop(router.name, None)
                 continue
             if _not_controlling(status, data):
                 last = f"{url}: {_error_of(data)}"
-                self._holder.pop(tuple(ref.routers), None)
+                self._holder.pop(router.name, None)
                 continue
             return status, data, url
         raise errors.router_unavailable(f"{path}: no router accepted the request ({last})")
 
     async def get_ready(self, ref: RouterRef, url: str) -> tuple[int, Any]:
-        return await self._request(ref, "GET", f"{url}/ready")
+        return await self._request(self.resolve(ref), "GET", f"{url}/ready", wait_s=ref.request_timeout_s)
 
     async def roles_and_model(self, ref: RouterRef, url: str) -> tuple[dict[str, str], str, str]:
         """(roles, model, problem): ``problem`` non-empty when the handoff could not be read — the
         rolling plan then refuses to pick engines (role safety fails closed)."""
         try:
-            status, body = await self._request(ref, "GET", f"{url}/narwhal/handoff")
+            status, body = await self._request(
+                self.resolve(ref), "GET", f"{url}/narwhal/handoff", wait_s=ref.request_timeout_s
+            )
         except httpx.HTTPError as exc:
             return {}, "", f"{url}/narwhal/handoff: {type(exc).__name__}"
         if status != 200:
@@ -203,6 +240,25 @@ def _subset(view: FleetView, engines: list[str]) -> dict[str, EngineView]:
     return {i: view.engines[i] for i in engines if i in view.engines}
 
 
+def check_engines(engines: list[str]) -> None:
+    """Workflow input's engine ids, held to ``router/ids.py`` (a non-retryable ``WorkerRefused``)."""
+    try:
+        for iid in engines:
+            check_engine_id(iid, "workflow input: engine id")
+    except UnsafeValue as exc:
+        raise errors.worker_refused(str(exc)) from None
+
+
+def check_supervisor(settings: WorkerSettings, sup: SupervisorRef | None) -> None:
+    """A ``command`` backend must name a template this worker has (checked before the drain)."""
+    if sup is None or sup.backend != "command":
+        return
+    try:
+        resolve_template(settings.current(), sup)
+    except (Refused, WorkerConfigError) as exc:
+        raise errors.worker_refused(str(exc)) from None
+
+
 class LifecycleActivities:
     """Activities over the router's lifecycle API (registered once per worker)."""
 
@@ -217,6 +273,9 @@ class LifecycleActivities:
 
     @activity.defn(name="drain")
     async def drain(self, req: DrainRequest) -> DrainOutcome:
+        check_engines(req.engines)
+        check_supervisor(self.client.settings, req.supervisor)
+        self.client.resolve(req.router)  # an unknown router is refused before anything is drained
         body = {"engines": req.engines, "wave": req.wave, "deadline_s": req.deadline_s}
         status, doc, url = await heartbeating(self.client.post(req.router, "/narwhal/lifecycle/drain", body))
         view = _view(doc, url)
@@ -248,6 +307,7 @@ class LifecycleActivities:
 
     @activity.defn(name="wait_ready_to_stop")
     async def wait_ready_to_stop(self, req: StopWaitRequest) -> StopWait:
+        check_engines(req.engines)
         polls = 0
         details = activity.info().heartbeat_details
         if details and isinstance(details[0], dict):
@@ -283,6 +343,7 @@ class LifecycleActivities:
 
     @activity.defn(name="readmit")
     async def readmit(self, req: ReadmitRequest) -> ReadmitOutcome:
+        check_engines(req.engines)
         body = {"engines": req.engines, "wave": req.wave}
         status, doc, url = await heartbeating(
             self.client.post(req.router, "/narwhal/lifecycle/readmit", body)
@@ -321,6 +382,7 @@ class LifecycleActivities:
         return await heartbeating(self._confirm_active(req))
 
     async def _confirm_active(self, req: ConfirmRequest) -> FleetView:
+        check_engines(req.engines)
         view = await self.client.find_holder(req.router)
         mine = _subset(view, req.engines)
         bad = {

@@ -5,10 +5,15 @@ Backends, chosen per workflow by ``SupervisorRef.backend``:
 - ``local``: the ``narwhal-supervisor`` HTTP API. Every restart sends ``if_process_start`` = the
   process start the router recorded at drain, so a retried activity never restarts twice (the
   supervisor refuses when the engine already runs another process).
-- ``command``: a shell template (``systemctl restart vllm@{iid}``; ``{iid}`` and ``{url}`` are
-  substituted, shell-quoted), run in its own session with its output in a temporary file (its exit
-  is what counts). Guarded the same way: the engine's live process start is read first and the
-  command only runs while the engine still serves the drain-recorded process.
+- ``command``: a command template *of the worker's configuration*, named by the workflow
+  (``SupervisorRef.template``, default ``restart``; workflows/worker_config.py). Split into argv
+  once, placeholders substituted inside one argument in a single pass, run with
+  ``create_subprocess_exec`` — no shell unless the template says ``shell: true``, and then every
+  value is shell-quoted (activities/commands.py). The environment holds ``PATH``, the template's
+  ``env`` and ``pass_env`` and ``NARWHAL_ENGINE_ID``/``NARWHAL_ENGINE_URL`` — never a token. Run in
+  its own session with its output in a temporary file (its exit is what counts). Guarded the same
+  way: the engine's live process start is read first and the command only runs while the engine
+  still serves the drain-recorded process. Engine ids and URLs are checked (router/ids.py) first.
 
 Exactly once (both backends): the workflow probes first (``probe_process``) and runs
 ``restart_engine`` with one attempt; the activity signals ``launch_started`` to its workflow before
@@ -19,9 +24,11 @@ it launches, so the workflow knows after a lost attempt whether a launch may hav
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import tempfile
 import time
+from collections.abc import Mapping
 from datetime import timedelta
 
 import httpx
@@ -30,8 +37,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from activities import errors
+from activities.commands import Values, render_exec, render_shell
 from activities.heartbeat import heartbeating
 from router.engines.identity import newer_process, process_start_or_none, same_process
+from router.ids import UnsafeValue, check_engine_id, check_engine_url
 from workflows.models import (
     EngineTarget,
     LaunchReport,
@@ -41,6 +50,15 @@ from workflows.models import (
     StartEngineRequest,
     SupervisorRef,
 )
+from workflows.worker_config import (
+    CommandTemplate,
+    Refused,
+    WorkerConfigError,
+    WorkerSettings,
+    resolve_template,
+)
+
+SHELL = "/bin/sh"
 
 
 def parse_process_start(metrics_text: str) -> float | None:
@@ -48,25 +66,51 @@ def parse_process_start(metrics_text: str) -> float | None:
     return process_start_or_none(metrics_text)
 
 
-def render_command(template: str, iid: str, url: str) -> str:
-    return template.replace("{iid}", shlex.quote(iid)).replace("{url}", shlex.quote(url))
+def command_argv(t: CommandTemplate, iid: str, url: str) -> list[str]:
+    """What runs: the rendered argv, or ``/bin/sh -c <rendered>`` for a ``shell: true`` template."""
+    values = Values(iid=iid, url=url)
+    return [SHELL, "-c", render_shell(t.command, values)] if t.shell else render_exec(t.argv(), values)
+
+
+def command_env(t: CommandTemplate, iid: str, url: str, worker_env: Mapping[str, str]) -> dict[str, str]:
+    """Only what the template needs: PATH, its ``pass_env`` and ``env``, the engine's id and URL."""
+    env = {"PATH": worker_env.get("PATH", os.defpath)}
+    env.update({k: worker_env[k] for k in t.pass_env if k in worker_env})
+    env.update(t.env)
+    env.update({"NARWHAL_ENGINE_ID": iid, "NARWHAL_ENGINE_URL": url})
+    return env
+
+
+def checked(iid: str, url: str) -> tuple[str, str]:
+    """Engine id and URL from workflow input or a supervisor's list; non-retryable refusal."""
+    try:
+        return check_engine_id(iid, "workflow input: engine id"), (
+            check_engine_url(url, f"URL of {iid}") if url else ""
+        )
+    except UnsafeValue as exc:
+        raise errors.worker_refused(str(exc)) from None
 
 
 class SupervisorActivities:
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, settings: WorkerSettings, env: Mapping[str, str] | None = None
+    ) -> None:
         self.http = http
+        self.settings = settings
+        self.env = env if env is not None else os.environ
 
     # -- probes -------------------------------------------------------------------------------
 
     async def engine_url(self, iid: str, url: str, sup: SupervisorRef) -> str:
+        _, url = checked(iid, url)
         if url:
-            return url.rstrip("/")
+            return url
         if sup.backend == "local" and sup.url:
             try:
                 r = await self.http.get(f"{sup.url}/engines", timeout=10.0)
                 if r.status_code == 200:
                     entry = (r.json().get("engines") or {}).get(iid) or {}
-                    return str(entry.get("url", "")).rstrip("/")
+                    return checked(iid, str(entry.get("url", "")))[1]
             except (httpx.HTTPError, ValueError):
                 return ""
         return ""
@@ -107,6 +151,7 @@ class SupervisorActivities:
 
     @activity.defn(name="restart_engine")
     async def restart_engine(self, target: EngineTarget) -> RestartOutcome:
+        checked(target.iid, target.url)
         sup = target.supervisor
         if sup.backend == "manual":
             return RestartOutcome(
@@ -175,28 +220,43 @@ class SupervisorActivities:
             new_process_start=body.get("new_process_start"),
         )
 
-    async def _restart_command(self, target: EngineTarget) -> RestartOutcome:
-        sup = target.supervisor
-        url = await self.engine_url(target.iid, target.url, sup)
-        details = activity.info().heartbeat_details
-        issued = bool(details and isinstance(details[0], dict) and details[0].get("command_issued"))
-        live = await self.live_process_start(url)
-        if live is not None and not same_process(live, target.old_process_start):
-            return RestartOutcome(iid=target.iid, restarted=False, note="engine already runs another process")
-        if live is None and issued:
-            raise errors.not_ready_yet(f"{target.iid}: restart command issued, engine not answering yet")
-        command = render_command(sup.command, target.iid, url)
-        await self._report_launch(target, command)
+    def template(self, sup: SupervisorRef) -> tuple[str, CommandTemplate]:
+        try:
+            return resolve_template(self.settings.current(), sup)
+        except (Refused, WorkerConfigError) as exc:
+            raise errors.worker_refused(str(exc)) from None
+
+    async def run_template(self, name: str, template: CommandTemplate, iid: str, url: str) -> str:
+        """Run one named template of the worker's configuration for an engine (no shell unless the
+        template says so; heartbeats while it runs). Returns the command line; a non-zero exit, a
+        timeout or a program that cannot start is a non-retryable ``RestartCommandFailed``. For
+        other templates than ``restart`` (e.g. ``rollback``) resolve them with
+        ``resolve_template(settings.current(), sup, name=...)``."""
+        iid, url = checked(iid, url)
+        argv = command_argv(template, iid, url)
+        command = f"{name}: {shlex.join(argv)}"
         activity.heartbeat({"command_issued": True, "command": command})
         # Its own session: a worker that dies mid-command does not take the restart down with it.
         # Output goes to a temporary file, not a pipe: a daemon the command starts may keep a pipe
         # open forever, and it is the command's exit that counts.
         with tempfile.TemporaryFile() as log:
-            proc = await asyncio.create_subprocess_shell(
-                command, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
-            )
             try:
-                async with asyncio.timeout(sup.command_timeout_s):
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                    env=command_env(template, iid, url, self.env),
+                )
+            except OSError as exc:
+                raise ApplicationError(
+                    f"{command!r} could not start: {exc.strerror or exc}",
+                    type=errors.RESTART_COMMAND_FAILED,
+                    non_retryable=True,
+                ) from None
+            try:
+                async with asyncio.timeout(template.timeout_s):
                     while proc.returncode is None:
                         try:
                             await asyncio.wait_for(proc.wait(), timeout=1.0)
@@ -206,7 +266,7 @@ class SupervisorActivities:
                 proc.kill()
                 await proc.wait()
                 raise ApplicationError(
-                    f"{command!r} timed out after {sup.command_timeout_s}s",
+                    f"{command!r} timed out after {template.timeout_s}s",
                     type=errors.RESTART_COMMAND_FAILED,
                     non_retryable=True,
                 ) from None
@@ -219,12 +279,29 @@ class SupervisorActivities:
                 type=errors.RESTART_COMMAND_FAILED,
                 non_retryable=True,
             )
+        return command
+
+    async def _restart_command(self, target: EngineTarget) -> RestartOutcome:
+        sup = target.supervisor
+        name, template = self.template(sup)
+        url = await self.engine_url(target.iid, target.url, sup)
+        details = activity.info().heartbeat_details
+        issued = bool(details and isinstance(details[0], dict) and details[0].get("command_issued"))
+        live = await self.live_process_start(url)
+        if live is not None and not same_process(live, target.old_process_start):
+            return RestartOutcome(iid=target.iid, restarted=False, note="engine already runs another process")
+        if live is None and issued:
+            raise errors.not_ready_yet(f"{target.iid}: restart command issued, engine not answering yet")
+        command = f"{name}: {shlex.join(command_argv(template, target.iid, url))}"
+        await self._report_launch(target, command)
+        await self.run_template(name, template, target.iid, url)
         return RestartOutcome(iid=target.iid, restarted=True, note=f"ran {command}")
 
     # -- make an engine answer (identity capture after a 503 drain) ----------------------------
 
     @activity.defn(name="start_engine")
     async def start_engine(self, req: StartEngineRequest) -> str:
+        checked(req.iid, "")
         sup = req.supervisor
         if sup.backend != "local":
             return f"{sup.backend} backend: start {req.iid} so its identity can be captured"

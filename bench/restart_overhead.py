@@ -35,6 +35,7 @@ from fleet.testing.procs import proc_group
 from fleet.testing.temporal import SEARCH_ATTRIBUTE_KEYS, dev_server_path
 from workflows.models import RestartPlan, RestartResult, RouterRef, SupervisorRef, Timing
 from workflows.worker import build_worker
+from workflows.worker_config import RouterEntry, WorkerConfig, WorkerSettings
 
 
 class TimedTransport(httpx.AsyncBaseTransport):
@@ -61,10 +62,11 @@ async def one(env: WorkflowEnvironment, mode: str, n: int) -> dict[str, float | 
         transport = TimedTransport()
         async with httpx.AsyncClient(transport=transport) as http:
             tq = f"bench-{uuid.uuid4().hex[:6]}"
-            async with build_worker(env.client, tq, http):
+            config = WorkerConfig(routers={"bench": RouterEntry(urls=[stack.router.url])})
+            async with build_worker(env.client, tq, http, WorkerSettings.of(config)):
                 plan = RestartPlan(
                     fleet=f"bench-{mode}-{n}-{uuid.uuid4().hex[:4]}", mode=mode,  # type: ignore[arg-type]
-                    router=RouterRef(routers=[stack.router.url]),
+                    router=RouterRef(name="bench"),
                     supervisor=SupervisorRef(backend="local", url=stack.supervisor),
                     timing=Timing(poll_interval_s=0.2, heartbeat_timeout_s=5.0),
                 )  # fmt: skip

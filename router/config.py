@@ -17,6 +17,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from router.ids import EngineId, EngineUrl, check_engine_url
+
 Role = Literal["prefill", "decode"]
 RestartPolicy = Literal["individual", "whole_wave"]
 
@@ -56,17 +58,17 @@ class _Frozen(BaseModel):
 
 
 class EngineSpec(_Frozen):
-    iid: str = Field(min_length=1)
-    url: str = Field(min_length=1)
+    iid: EngineId  # [A-Za-z0-9._-]{1,64}: it reaches restart commands, workflow ids and file names
+    url: EngineUrl  # a plain http(s) base URL (router/ids.py)
     role: Role = "decode"
     pin: bool = False
     attestation_url: str = ""
     shared_device: str | None = None
 
-    @field_validator("url", "attestation_url")
+    @field_validator("attestation_url")
     @classmethod
-    def _strip_slash(cls, v: str) -> str:
-        return v.rstrip("/")
+    def _attestation_url(cls, v: str) -> str:
+        return check_engine_url(v, "attestation_url") if v else v
 
 
 class EngineSettings(_Frozen):

@@ -56,8 +56,11 @@ DESCRIPTIONS: dict[str, str] = {
     "`slo_met` stays 0. Placement does not use it.",
     "profiles": "Engine profiles of Narwhal 0.7.0 (`path`).",
     # engines[]
-    "engines[].iid": "Engine ID used in the lifecycle API, metrics and journal.",
-    "engines[].url": "Engine base URL (OpenAI-compatible vLLM server); a trailing `/` is removed.",
+    "engines[].iid": "Engine ID used in the lifecycle API, metrics, journal and restart commands: "
+    "`[A-Za-z0-9._-]{1,64}`, anything else is refused naming the value.",
+    "engines[].url": "Engine base URL (OpenAI-compatible vLLM server); a trailing `/` is removed. "
+    "`http`/`https` with a host, optional port and plain path only (no credentials, query, spaces "
+    "or shell metacharacters).",
     "engines[].role": "Initial PD role: the leg the router prefers to place on this engine.",
     "engines[].pin": "Keep the configured role fixed (no role flips; kept across `--resume`); "
     "fabric validation pairs respect the pin.",

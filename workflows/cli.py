@@ -2,8 +2,9 @@
 
     narwhal-restart start --router URL [--router URL2] [--engines e0,e1] [--mode rolling|wave]
         [--max-unavailable N] [--deadline-s S] [--deadline-policy wait|fail|approve]
-        [--supervisor local|command|manual] [--supervisor-url URL | --restart-command 'TEMPLATE']
-        [--fleet-file PATH] [--engine-url IID=URL ...] [--control-token-env NAME] [--fleet NAME]
+        [--supervisor local|command|manual] [--supervisor-url URL | --restart-template NAME]
+        [--worker-router NAME] [--fleet-file PATH] [--engine-url IID=URL ...] [--control-token-env NAME]
+        [--fleet NAME]
         [--restart-timeout-s S] [--pause-after N] [--follow] [--wait]
     narwhal-restart status|pause|resume [--fleet NAME | --workflow-id ID]
     narwhal-restart list [--fleet NAME]
@@ -48,11 +49,13 @@ from router import telemetry
 from workflows.client import (
     DEFAULT_TASK_QUEUE,
     TemporalUnavailable,
+    add_connection_flags,
     connect,
     console_main,
     default_address,
     default_namespace,
     ensure_search_attributes,
+    security,
 )
 from workflows.details import (
     duration,
@@ -161,11 +164,16 @@ async def cmd_start(args: argparse.Namespace) -> int:
 async def build_plan(args: argparse.Namespace) -> tuple[RestartPlan, str]:
     """Preflight (nothing is drained on refusal) → the plan and the UI's static details; shared by
     ``start`` and ``schedule create``."""
+    if args.restart_command:
+        raise PreflightError(
+            "--restart-command is not accepted: commands are the worker's configuration (narwhal-worker "
+            "--config / --template NAME=COMMAND); name one with --restart-template NAME"
+        )
     engine_urls = dict(kv.split("=", 1) for kv in args.engine_url)
     req = StartRequest(
         routers=args.router, engines=args.engines.split(",") if args.engines is not None else None,
         mode=args.mode, fleet=args.fleet or "", supervisor=args.supervisor, supervisor_url=args.supervisor_url,
-        restart_command=args.restart_command, engine_urls=engine_urls, fleet_file=args.fleet_file,
+        restart_template=args.restart_template, engine_urls=engine_urls, fleet_file=args.fleet_file,
         token_env=args.control_token_env,
     )  # fmt: skip
     async with httpx.AsyncClient() as http:
@@ -182,8 +190,11 @@ async def build_plan(args: argparse.Namespace) -> tuple[RestartPlan, str]:
         )
     plan = RestartPlan(
         fleet=pre.fleet, mode=pre.mode,
-        router=RouterRef(routers=args.router, token_env=args.control_token_env),
-        supervisor=SupervisorRef(backend=args.supervisor, url=args.supervisor_url, command=args.restart_command),
+        router=RouterRef(name=args.worker_router, routers=args.router),  # the worker owns the token
+        supervisor=SupervisorRef(
+            backend=args.supervisor, url=args.supervisor_url,
+            template=args.restart_template if args.supervisor == "command" else "",
+        ),
         engines=pre.engines, engine_urls=pre.engine_urls, max_unavailable=args.max_unavailable,
         deadline_s=args.deadline_s, deadline_policy=args.deadline_policy,
         timing=Timing(poll_interval_s=args.poll_interval, new_process_timeout_s=args.restart_timeout_s),
@@ -197,7 +208,7 @@ async def build_plan(args: argparse.Namespace) -> tuple[RestartPlan, str]:
     details = (
         f"**Fleet** `{plan.fleet}` — {plan.mode} restart of {', '.join(plan.engines)}\n\n"
         f"- routers: {', '.join(args.router)}\n- supervisor: `{plan.supervisor.backend}` "
-        f"{plan.supervisor.url or plan.supervisor.command}\n- drain deadline {plan.deadline_s:g} s, "
+        f"{plan.supervisor.url or plan.supervisor.template}\n- drain deadline {plan.deadline_s:g} s, "
         f"policy `{plan.deadline_policy}`, max unavailable {plan.max_unavailable}{gate}\n"
         f"- requested by {plan.requested_by or 'unknown'}"
     )
@@ -213,7 +224,9 @@ def summary(plan: RestartPlan) -> str:
 
 
 async def _start(args: argparse.Namespace) -> int:
-    client = await connect(args.address, args.namespace)  # first: Temporal down → one line, exit 2
+    client = await connect(
+        args.address, args.namespace, security(args)
+    )  # first: Temporal down → one line, exit 2
     plan, details = await build_plan(args)
     await ensure_search_attributes(client, args.namespace)
     wid = fleet_workflow_id(plan.fleet)  # one restart per fleet: the id is derived, never chosen
@@ -282,7 +295,7 @@ def _status(wf: WorkflowExecution) -> str:
 
 
 async def _handle(args: argparse.Namespace) -> tuple[Client, WorkflowHandle[Any, Any]]:
-    client = await connect(args.address, args.namespace)
+    client = await connect(args.address, args.namespace, security(args))
     return client, client.get_workflow_handle(await resolve_workflow_id(client, args))
 
 
@@ -331,7 +344,7 @@ async def cmd_update(args: argparse.Namespace) -> int:
 
 
 async def cmd_list(args: argparse.Namespace) -> int:
-    client = await connect(args.address, args.namespace)
+    client = await connect(args.address, args.namespace, security(args))
     query = RESTART_TYPES
     if args.fleet:
         query += f" AND NarwhalFleet = '{args.fleet}'"
@@ -396,9 +409,18 @@ def add_start_flags(s: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--supervisor-url", default="", help="local: the narwhal-supervisor URL")
     s.add_argument(
-        "--restart-command",
+        "--restart-template",
+        default="restart",
+        metavar="NAME",
+        help="command: the name of a command template in the worker's configuration (default restart)",
+    )
+    s.add_argument("--restart-command", default="", help=argparse.SUPPRESS)  # refused with a pointer
+    s.add_argument(
+        "--worker-router",
         default="",
-        help="command: shell template, e.g. 'systemctl restart vllm@{iid}' ({iid} and {url} substituted)",
+        metavar="NAME",
+        help="the worker's name for these routers (its configuration); default: the worker matches the "
+        "--router URLs against the routers it knows",
     )
     s.add_argument(
         "--engine-url",
@@ -419,7 +441,8 @@ def add_start_flags(s: argparse.ArgumentParser) -> None:
         "--control-token-env",
         default="",
         metavar="NAME",
-        help="environment variable holding the router's control bearer token",
+        help="environment variable holding the router's control bearer token (used by this command's "
+        "checks only; the worker sends the token of its own configuration)",
     )
     s.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE, help="worker task queue (default %(default)s)")
     s.add_argument(
@@ -472,6 +495,7 @@ def parser() -> argparse.ArgumentParser:
         "--address", default=default_address(), help="Temporal frontend (env TEMPORAL_ADDRESS)"
     )
     common.add_argument("--namespace", default=default_namespace(), help="(env TEMPORAL_NAMESPACE)")
+    add_connection_flags(common)
     common.add_argument(
         "--fleet",
         default="",

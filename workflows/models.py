@@ -3,7 +3,8 @@
 Everything that crosses the Temporal boundary is a pydantic model (serialised with
 ``pydantic_data_converter``). Documents an operator reads — the progress document and the final
 result — carry ``schema`` + ``schema_version``. Secrets never appear here: the router control token
-travels as the *name* of an environment variable the worker reads.
+lives in the worker's configuration (workflows/worker_config.py): workflow input *names* a router
+and a command template the worker knows, never a command, a token or a token destination.
 
 Imported by workflow code, so: stdlib + pydantic only.
 """
@@ -21,6 +22,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
 PROGRESS_SCHEMA = "narwhal.restart-progress"
@@ -100,9 +102,13 @@ class _WithIso(_Model):
 
 
 class RouterRef(_Model):
-    """Where the lifecycle API lives: every router of the HA pair; the activity follows the holder."""
+    """Which router the lifecycle calls go to: ``name`` of a router in the worker's configuration
+    (and/or ``routers``, URLs that must all be configured under one name — the form older inputs
+    used). The activity follows the holder among the configured URLs. ``token_env`` is a field of
+    older inputs only: a worker refuses input that sets it (tokens are worker configuration)."""
 
-    routers: list[str] = Field(min_length=1)
+    name: str = ""
+    routers: list[str] = Field(default_factory=list)
     token_env: str = ""
     request_timeout_s: float = Field(default=10.0, gt=0)
 
@@ -111,10 +117,21 @@ class RouterRef(_Model):
     def _strip(cls, v: list[str]) -> list[str]:
         return [u.rstrip("/") for u in v]
 
+    @model_validator(mode="after")
+    def _named(self) -> RouterRef:
+        if not self.name and not self.routers:
+            raise ValueError("name a router of the worker's configuration (or its URLs)")
+        return self
+
 
 class SupervisorRef(_Model):
+    """``command`` backend: ``template`` names a command template of the worker's configuration
+    (default ``restart``). ``command`` and ``command_timeout_s`` are fields of older inputs: a
+    worker refuses input that carries a command (the template's own timeout applies)."""
+
     backend: SupervisorBackend = "local"
     url: str = ""
+    template: str = ""
     command: str = ""
     command_timeout_s: float = Field(default=300.0, gt=0)
 
@@ -325,10 +342,14 @@ class FleetView(_Model):
 
 
 class DrainRequest(_Model):
+    """``supervisor``: the restart backend the workflow will use, checked by the worker against its
+    configuration before anything is drained (None in requests of older workflows)."""
+
     router: RouterRef
     engines: list[str]
     wave: bool = False
     deadline_s: float = Field(default=300.0, gt=0)
+    supervisor: SupervisorRef | None = None
 
 
 class DrainOutcome(_Model):

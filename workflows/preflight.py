@@ -26,6 +26,7 @@ from activities.documents import (
     target_urls,
 )
 from activities.router import NOT_CONTROLLING, holder_hint, view_of
+from router.ids import UnsafeValue, check_engine_id, check_engine_url
 from workflows.models import DeadlinePolicy, FleetView, RestartMode, SupervisorBackend, fleet_slug
 
 
@@ -41,7 +42,7 @@ class StartRequest:
     fleet: str = ""
     supervisor: SupervisorBackend = "local"
     supervisor_url: str = ""
-    restart_command: str = ""
+    restart_template: str = "restart"
     engine_urls: dict[str, str] = field(default_factory=dict)
     fleet_file: str = ""
     token_env: str = ""
@@ -165,8 +166,8 @@ async def _supervisor_urls(http: httpx.AsyncClient, req: StartRequest, engines: 
         if missing:
             raise PreflightError(f"supervisor does not manage engine(s): {', '.join(missing)}")
         return {i: str(known[i].get("url", "")).rstrip("/") for i in engines}
-    if req.supervisor == "command" and not req.restart_command:
-        raise PreflightError("--supervisor command needs --restart-command 'TEMPLATE' ({iid}, {url})")
+    if req.supervisor == "command" and not req.restart_template:
+        raise PreflightError("--supervisor command needs --restart-template NAME (a template of the worker)")
     return {}
 
 
@@ -241,7 +242,11 @@ async def engine_urls(
         if why:
             notes.append(f"no engine addresses from the router ({why})")
     urls.update(await _supervisor_urls(http, req, engines))
-    urls.update({k: v.rstrip("/") for k, v in req.engine_urls.items() if v})
+    try:
+        urls.update({check_engine_id(k, "--engine-url"): check_engine_url(v, f"--engine-url {k}")
+                     for k, v in req.engine_urls.items() if v})  # fmt: skip
+    except UnsafeValue as exc:
+        raise PreflightError(str(exc)) from None
     missing = [i for i in engines if not urls.get(i)]
     if missing:
         hint = "; ".join(notes) or f"{source} does not list them"

@@ -28,7 +28,7 @@ from temporalio.client import (
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
-from workflows.client import connect, ensure_search_attributes
+from workflows.client import connect, ensure_search_attributes, security
 from workflows.models import RestartPlan, fleet_slug, fleet_workflow_id
 from workflows.preflight import PreflightError
 from workflows.steps import FLEET_KEY, STATE_KEY
@@ -81,7 +81,7 @@ def add_schedule_parser(
 
 
 async def cmd_schedule(args: argparse.Namespace, build_plan: PlanBuilder) -> int:
-    client = await connect(args.address, args.namespace)
+    client = await connect(args.address, args.namespace, security(args))
     action = args.schedule_command
     if action == "create":
         return await _create(client, args, build_plan)

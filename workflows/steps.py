@@ -237,7 +237,13 @@ class RunbookSteps:
             try:
                 out = await workflow.execute_activity_method(
                     LifecycleActivities.drain,
-                    DrainRequest(router=self.router, engines=iids, wave=wave, deadline_s=self.deadline_s),
+                    DrainRequest(
+                        router=self.router,
+                        engines=iids,
+                        wave=wave,
+                        deadline_s=self.deadline_s,
+                        supervisor=self.supervisor,  # the worker refuses an unknown template first
+                    ),
                     retry_policy=self.call_retry(),
                     summary=f"drain {'wave' if wave else self.names(iids)}",
                     start_to_close_timeout=self.call_start_to_close(),

@@ -1,12 +1,17 @@
 """``narwhal-worker``: runs the restart workflows and their activities.
 
     narwhal-worker [--task-queue narwhal-restart] [--address HOST:PORT] [--namespace NS]
+        [--config worker.json] [--router NAME=URL[,URL]] [--router-token-env NAME=VAR]
+        [--template NAME=COMMAND] [--tls] [--tls-ca-cert PATH] [--tls-cert PATH --tls-key PATH]
+        [--tls-server-name NAME] [--api-key-file PATH]
 
-Defaults come from ``TEMPORAL_ADDRESS`` / ``TEMPORAL_NAMESPACE``. SIGTERM/SIGINT shut the worker
+Defaults come from ``TEMPORAL_ADDRESS`` / ``TEMPORAL_NAMESPACE``; TLS / API key from the SDK's
+``TEMPORAL_TLS_*`` / ``TEMPORAL_API_KEY`` (workflows/client.py). SIGTERM/SIGINT shut the worker
 down gracefully (running activities get ``--grace`` seconds, then are retried by another worker).
 A worker that dies without that (SIGKILL) leaves the workflow tasks handed to its sticky queue: they
 go back to the task queue after ``--sticky-timeout`` seconds (10, the SDK's default).
-Router control tokens are read from the environment variables the workflows name.
+The routers this worker may call, their control tokens and the command templates it may run are
+its own configuration (workflows/worker_config.py): workflow input only names them.
 """
 
 from __future__ import annotations
@@ -29,14 +34,18 @@ from router import telemetry
 from router.logs import setup_logging
 from workflows.client import (
     DEFAULT_TASK_QUEUE,
+    Security,
     TemporalUnavailable,
+    add_connection_flags,
     connect,
     console_main,
     default_address,
     default_namespace,
     ensure_search_attributes,
+    security,
 )
 from workflows.restart import EngineRestart, RollingRestart, WaveRestart
+from workflows.worker_config import WorkerConfigError, WorkerSettings, add_flags, flag_overrides
 
 log = logging.getLogger("narwhal.worker")
 SERVICE_NAME = "narwhal-worker"
@@ -71,11 +80,12 @@ def build_worker(
     client: Client,
     task_queue: str,
     http: httpx.AsyncClient,
+    settings: WorkerSettings,
     grace: timedelta = timedelta(seconds=10),
     sticky_timeout: timedelta = STICKY_TIMEOUT,
 ) -> Worker:
-    lifecycle = LifecycleActivities(LifecycleClient(http))
-    supervisor = SupervisorActivities(http)
+    lifecycle = LifecycleActivities(LifecycleClient(http, settings))
+    supervisor = SupervisorActivities(http, settings)
     return Worker(
         client,
         task_queue=task_queue,
@@ -97,9 +107,15 @@ def build_worker(
 
 
 async def serve(
-    address: str, namespace: str, task_queue: str, grace_s: float, sticky_timeout_s: float = 10.0
+    address: str,
+    namespace: str,
+    task_queue: str,
+    grace_s: float,
+    settings: WorkerSettings,
+    sticky_timeout_s: float = 10.0,
+    sec: Security | None = None,
 ) -> None:
-    client = await connect(address, namespace)
+    client = await connect(address, namespace, sec)
     added = await ensure_search_attributes(client, namespace)
     if added:
         log.info("registered search attributes %s", added)
@@ -112,10 +128,19 @@ async def serve(
             telemetry.instrument_httpx(http)  # activities' router/supervisor/engine calls carry traceparent
         # The client's TracingInterceptor (workflows.client.connect) also intercepts this worker.
         worker = build_worker(
-            client, task_queue, http, timedelta(seconds=grace_s), timedelta(seconds=sticky_timeout_s)
+            client,
+            task_queue,
+            http,
+            settings,
+            timedelta(seconds=grace_s),
+            timedelta(seconds=sticky_timeout_s),
         )
+        cfg = settings.current()
         async with worker:
-            log.info("narwhal-worker polling %s on %s/%s", task_queue, address, namespace)
+            log.info(
+                "narwhal-worker polling %s on %s/%s; routers %s, templates %s",
+                task_queue, address, namespace, sorted(cfg.routers) or "none", sorted(cfg.templates) or "none",
+            )  # fmt: skip
             print(f"narwhal-worker ready: task queue {task_queue} on {address} ({namespace})", flush=True)
             await stop.wait()
             log.info("shutting down")
@@ -138,11 +163,23 @@ def _main(argv: Sequence[str] | None) -> int:
         "it (a worker killed mid-restart is replaced after this long)",
     )
     p.add_argument("--log-level", type=log_level, default="INFO", help="debug|info|warning|error (any case)")
+    add_flags(p)
+    add_connection_flags(p)
     args = p.parse_args(argv)
     setup_logging(args.log_level)  # the activities' per-poll httpx lines only at debug
+    try:
+        settings = WorkerSettings(args.config, flag_overrides(args))
+    except WorkerConfigError as exc:
+        print(f"narwhal-worker: error: {exc}", file=sys.stderr)
+        return 2
     telemetry.setup_tracing(SERVICE_NAME)  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
     try:
-        asyncio.run(serve(args.address, args.namespace, args.task_queue, args.grace, args.sticky_timeout))
+        sec = security(args)
+        asyncio.run(
+            serve(
+                args.address, args.namespace, args.task_queue, args.grace, settings, args.sticky_timeout, sec
+            )
+        )
     except TemporalUnavailable as exc:
         print(f"narwhal-worker: error: {exc}", file=sys.stderr)
         return 2

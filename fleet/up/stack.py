@@ -37,6 +37,7 @@ from fleet.up.watch import HAWatcher
 HOST = "127.0.0.1"
 MODEL = "sim-model"
 TASK_QUEUE = "narwhal-restart"
+WORKER_ROUTER = "narwhal-up"  # the worker configuration's name for the router pair / replicas
 NAMESPACE = "default"
 SEARCH_ATTRIBUTES = ("NarwhalFleet=Keyword", "NarwhalState=Keyword")
 
@@ -178,6 +179,10 @@ class Stack:
         return f"{self.ui_url}/namespaces/{NAMESPACE}/workflows/{workflow_id}"
 
     @property
+    def worker_config_path(self) -> Path:
+        return self.state_dir / "worker.json"
+
+    @property
     def lease_path(self) -> Path:
         return self.state_dir / "router.lease"
 
@@ -204,6 +209,10 @@ class Stack:
                 state_path=self.state_dir / f"state-{name}.json", extra=extra,
             )  # fmt: skip
             _write_json(self.state_dir / f"fleet-{name}.json", doc)
+        # the worker's own configuration: the routers it may call (workflow input names them)
+        worker = {"schema": "narwhal.worker-config", "schema_version": 1,
+                  "routers": {WORKER_ROUTER: {"urls": list(self.routers.values())}}}  # fmt: skip
+        _write_json(self.worker_config_path, worker)
 
     # -- components -----------------------------------------------------------------------------
     async def start_temporal(self) -> Child:
@@ -352,7 +361,7 @@ class Stack:
         args = [
             venv_script("narwhal-worker"), "--address", self.temporal_address, "--namespace", NAMESPACE,
             "--task-queue", TASK_QUEUE, "--grace", str(self.t.worker_grace),
-            "--sticky-timeout", str(self.t.sticky_timeout),
+            "--sticky-timeout", str(self.t.sticky_timeout), "--config", str(self.worker_config_path),
         ]  # fmt: skip
         child = self.procs.start("worker", args, grace_s=self.t.worker_grace + 10.0)
         deadline = time.monotonic() + 60.0
@@ -368,7 +377,7 @@ class Stack:
         urls = [self.routers["replica-1"]] if self.replicas else [self.primary_url, self.standby_url]
         return [
             venv_script("narwhal-restart"), "start",
-            *(a for u in urls for a in ("--router", u)),
+            *(a for u in urls for a in ("--router", u)), "--worker-router", WORKER_ROUTER,
             "--supervisor", "local", "--supervisor-url", self.supervisor_url,
             "--mode", mode, "--fleet", self.fleet_name,
             "--address", self.temporal_address, "--namespace", NAMESPACE, "--task-queue", TASK_QUEUE,

@@ -24,6 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 from tests.support.etcd import EtcdCluster, etcd_installed
 from tests.support.procs import Proc, ProcGroup, script
 from tests.support.temporal import SEARCH_ATTRIBUTE_KEYS, dev_server_path, dying_with_us
+from tests.support.worker_config import session_worker_config
 
 
 @dataclass
@@ -69,12 +70,24 @@ async def no_workflow_outlives_its_test(request: pytest.FixtureRequest) -> Async
 STICKY_TIMEOUT = "1"
 
 
-def start_worker(group: ProcGroup, t: Temporal, task_queue: str, name: str = "worker") -> Proc:
-    args = [script("narwhal-worker"), "--address", t.address, "--task-queue", task_queue]
+def start_worker(
+    group: ProcGroup,
+    t: Temporal,
+    task_queue: str,
+    name: str = "worker",
+    config: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> Proc:
+    """Reads this pytest process's worker configuration (tests add their routers and templates),
+    or ``config``."""
+    args = [
+        script("narwhal-worker"), "--address", t.address, "--task-queue", task_queue,
+        "--config", str(config or session_worker_config().path),
+    ]  # fmt: skip
     proc = group.start(
         name,
         [*args, "--grace", "2", "--sticky-timeout", STICKY_TIMEOUT],
-        env={"NARWHAL_TEST_TOKEN": os.environ.get("NARWHAL_TEST_TOKEN", "")},
+        env=env if env is not None else {"NARWHAL_TEST_TOKEN": os.environ.get("NARWHAL_TEST_TOKEN", "")},
     )
     return proc
 

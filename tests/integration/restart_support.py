@@ -13,6 +13,7 @@ from temporalio.client import WorkflowHandle
 from tests.integration.conftest import Temporal
 from tests.support import loopback
 from tests.support.procs import script
+from tests.support.worker_config import session_worker_config
 from workflows.models import (
     RestartPlan,
     RestartProgress,
@@ -30,20 +31,38 @@ def new_fleet(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
+def worker_routers(args: tuple[str, ...] | list[str]) -> list[str]:
+    """``start``/``schedule create`` arguments → the ``--worker-router NAME`` the session worker
+    knows the ``--router`` URLs by (configured here, as an operator configures the worker)."""
+    urls = [args[i + 1] for i, a in enumerate(args) if a == "--router"]
+    if not urls or "--worker-router" in args:
+        return []
+    return ["--worker-router", session_worker_config().allow_routers(urls)]
+
+
 def cli(t: Temporal, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     n = 2 if args[0] == "schedule" else 1  # the address goes after the (sub)command
+    extra = (
+        worker_routers(args)
+        if args[0] in ("start", "schedule") and args[n - 1] in ("start", "create")
+        else []
+    )
     return subprocess.run(
-        [script("narwhal-restart"), *args[:n], "--address", t.address, *args[n:]],
+        [script("narwhal-restart"), *args[:n], "--address", t.address, *args[n:], *extra],
         capture_output=True,
         text=True,
         timeout=timeout,
     )
 
 
-def plan(fleet: str, routers: list[str], supervisor: str, **kw: Any) -> RestartPlan:
+def plan(
+    fleet: str, routers: list[str], supervisor: str, configured: list[str] | None = None, **kw: Any
+) -> RestartPlan:
+    """``configured``: every URL the worker may call for this router (default ``routers``)."""
+    name = session_worker_config().allow_routers(configured or routers)
     return RestartPlan(
         fleet=fleet,
-        router=RouterRef(routers=routers),
+        router=RouterRef(name=name, routers=routers),
         supervisor=SupervisorRef(backend="local", url=supervisor),
         timing=FAST,
         **kw,

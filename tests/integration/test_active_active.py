@@ -185,7 +185,11 @@ async def test_rolling_restart_over_three_replicas_under_load_through_any_replic
         before = {s.iid: process_start(s.url) for s in sims}
         with replica_load([r.url for r in replicas], workers=4) as load:
             await until("load on every replica", lambda: all(load.ok.get(r.url, 0) >= 5 for r in replicas))
-            handle = await start(temporal, worker_queue, plan(new_fleet("aa"), [follower.url], sup))
+            handle = await start(
+                temporal,
+                worker_queue,
+                plan(new_fleet("aa"), [follower.url], sup, configured=[r.url for r in replicas]),
+            )
             res = await asyncio.wait_for(handle.result(), 240)
             served = load.total_ok()
             await until("load after the restart", lambda: load.total_ok() >= served + 20)

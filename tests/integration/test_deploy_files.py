@@ -253,3 +253,81 @@ def test_compose_without_the_env_file_is_refused() -> None:
         env=env,
     )
     assert proc.returncode != 0 and "no-such.env" in proc.stderr + proc.stdout
+
+
+def _resolved(compose_env: dict[str, str], *overrides: Path) -> dict[str, Any]:
+    files = [a for f in (COMPOSE, *overrides) for a in ("-f", str(f))]
+    proc = subprocess.run(
+        ["docker-compose", *files, "config"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=compose_env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    services: dict[str, Any] = yaml.safe_load(proc.stdout)["services"]
+    return services
+
+
+def _published(service: dict[str, Any]) -> list[tuple[str, str]]:
+    """(host ip, published port) of each port mapping ("" = every interface)."""
+    out = []
+    for p in service.get("ports", []):
+        if isinstance(p, dict):
+            out.append((str(p.get("host_ip", "")), str(p.get("published", ""))))
+        else:
+            parts = str(p).split(":")
+            out.append((parts[0] if len(parts) == 3 else "", parts[-2] if len(parts) > 1 else parts[0]))
+    return out
+
+
+def test_compose_publishes_only_the_client_ports_and_the_ui_override_binds_loopback(
+    compose_env: dict[str, str],
+) -> None:
+    services = _resolved(compose_env)
+    published = {name: _published(s) for name, s in services.items() if s.get("ports")}
+    assert published == {"router-a": [("", "8000")], "router-b": [("", "8001")]}, published
+    ui = _resolved(compose_env, DEPLOY / "compose.ui-loopback.yml")
+    for name in ("temporal-ui", "jaeger", "otel-collector"):
+        assert ui[name]["ports"] and all(ip == "127.0.0.1" for ip, _ in _published(ui[name])), ui[name][
+            "ports"
+        ]
+    assert not ui["temporal"].get("ports"), "the Temporal frontend is never published"
+
+
+def test_compose_etcd_comes_from_etcds_own_registry_pinned_with_etcds_command_line() -> None:
+    etcd = _compose()["services"]["etcd"]
+    image = str(etcd["image"]).split(":-", 1)[-1].rstrip("}")
+    assert image.startswith(("gcr.io/etcd-development/etcd:v3.", "quay.io/coreos/etcd:v3.")), image
+    cmd = _words(etcd["command"])
+    assert cmd[0] == "/usr/local/bin/etcd" and "--advertise-client-urls=http://etcd:2379" in cmd
+    assert "--listen-client-urls=http://0.0.0.0:2379" in cmd and "--data-dir=/etcd-data" in cmd
+    assert "etcd-data:/etcd-data" in etcd["volumes"]
+
+
+def test_check_compose_refuses_an_image_off_the_allow_list(tmp_path: Path) -> None:
+    override = tmp_path / "compose.bad.yml"
+    override.write_text("services:\n  etcd:\n    image: bitnami/etcd:3.5\n", encoding="utf-8")
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "check_compose.sh"), str(COMPOSE), str(override)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "image bitnami/etcd:3.5" in proc.stderr and "not on deploy/image-allowlist.txt" in proc.stderr
+
+
+def test_compose_worker_uses_its_own_configuration_of_routers_and_tokens() -> None:
+    from workflows.worker_config import load_file
+
+    worker = _compose()["services"]["worker"]
+    cmd = _words(worker["command"])
+    assert (
+        cmd[cmd.index("--config") + 1] == "/config/worker.json" and "./deploy:/config:ro" in worker["volumes"]
+    )
+    cfg = load_file(DEPLOY / "worker.json")
+    compose = cfg.routers["compose"]
+    assert compose.token_env == "NARWHAL_CONTROL_TOKEN"
+    assert {"http://router-a:8100", "http://router-b:8100"} <= set(compose.urls)
+    docs = (REPO / "docs" / "deployment.md").read_text(encoding="utf-8") + COMPOSE.read_text(encoding="utf-8")
+    assert "docker-compose up" not in docs and "docker-compose run" not in docs  # v2 syntax: docker compose

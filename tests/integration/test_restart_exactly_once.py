@@ -29,6 +29,7 @@ from tests.support import loopback
 from tests.support.fleet import process_start
 from tests.support.lifecycle import start_stack
 from tests.support.procs import Proc, ProcGroup, proc_group
+from tests.support.worker_config import session_worker_config
 from workflows.models import SupervisorRef
 
 pytestmark = pytest.mark.integration
@@ -186,7 +187,8 @@ async def test_kill_9_of_the_worker_at_every_point_of_a_command_restart_restarts
             command = f"{sys.executable} {helper} {{iid}} {{url}} {work}"
             urls = {sim.iid: sim.url for sim in s.sims} | {"e0": gate.url}
             p = plan(fleet, [s.router.url], s.supervisor, engine_urls=urls)
-            p = p.model_copy(update={"supervisor": SupervisorRef(backend="command", command=command)})
+            template = session_worker_config().add_template(command)  # the workers' configuration
+            p = p.model_copy(update={"supervisor": SupervisorRef(backend="command", template=template)})
             handle = await start(temporal, queue, p)
 
             # 1. before the launch: e0's probe is held at the gate → kill, new worker, open the gate

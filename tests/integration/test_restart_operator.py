@@ -11,7 +11,14 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from tests.integration.conftest import Temporal
-from tests.integration.restart_support import cli, new_fleet, progress, supervisor_restarts, until
+from tests.integration.restart_support import (
+    cli,
+    new_fleet,
+    progress,
+    supervisor_restarts,
+    until,
+    worker_routers,
+)
 from tests.support.lifecycle import start_stack
 from tests.support.procs import proc_group, script
 from workflows.models import RestartResult, fleet_workflow_id
@@ -30,7 +37,8 @@ async def test_canary_gate_waits_for_the_operator_and_the_cli_shows_it(
             "follow",
             [script("narwhal-restart"), "start", "--address", temporal.address, "--router", s.router.url,
              "--supervisor-url", s.supervisor, "--fleet", fleet, "--engines", "e0,e2", "--pause-after", "1",
-             "--task-queue", worker_queue, "--poll-interval", "0.2", "--follow"],
+             "--task-queue", worker_queue, "--poll-interval", "0.2", "--follow",
+             *worker_routers(["--router", s.router.url])],
         )  # fmt: skip
         try:
             handle = temporal.client.get_workflow_handle(wid, result_type=RestartResult)

@@ -27,6 +27,7 @@ from tests.integration.restart_support import (
 from tests.support.fleet import process_start, reset_faults
 from tests.support.lifecycle import client_load, start_stack, wait_for
 from tests.support.procs import proc_group
+from tests.support.worker_config import session_worker_config
 from workflows.models import RestartProgress, RestartResult, fleet_workflow_id
 
 pytestmark = pytest.mark.integration
@@ -196,7 +197,8 @@ async def test_restarted_engine_failing_validation_waits_for_the_operator(
         command = f"{sys.executable} {helper} {s.supervisor} {{iid}} {{url}}"
         r = cli(
             temporal, "start", "--router", s.router.url, "--engines", "e1", "--fleet", fleet,
-            "--supervisor", "command", "--restart-command", command, "--engine-url", f"e1={s.url('e1')}",
+            "--supervisor", "command", "--restart-template", session_worker_config().add_template(command),
+            "--engine-url", f"e1={s.url('e1')}",
             "--task-queue", worker_queue, "--poll-interval", "0.2",
         )  # fmt: skip
         assert r.returncode == 0, r.stderr

@@ -167,7 +167,7 @@ async def test_one_trace_spans_cli_workflow_activity_router_drain_and_engine_cal
         worker = group.start(
             "worker",
             [script("narwhal-worker"), "--address", temporal.address, "--task-queue", queue, "--grace", "2",
-             "--log-level", "warning"],
+             "--log-level", "warning", "--router", f"traced={router.url}"],
             env=otel,
         )  # fmt: skip
         wait_ready_line(worker)
@@ -175,6 +175,7 @@ async def test_one_trace_spans_cli_workflow_activity_router_drain_and_engine_cal
         r = run_restart(
             temporal, otel, "--router", router.url, "--supervisor-url", sup, "--fleet", fleet_name,
             "--engines", target.iid, "--task-queue", queue, "--poll-interval", "0.2", "--wait",
+            "--worker-router", "traced",
         )  # fmt: skip
         assert r.returncode == 0, r.stdout + r.stderr
         assert process_start(target.url) > before

@@ -6,6 +6,7 @@ import asyncio
 import copy
 import json
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.router import LifecycleActivities, LifecycleClient, parse_lifecycle
-from activities.supervisor import SupervisorActivities, parse_process_start, render_command
+from activities.supervisor import SupervisorActivities, parse_process_start
 from workflows.models import (
     ConfirmRequest,
     DrainRequest,
@@ -28,10 +29,18 @@ from workflows.models import (
     StopWaitRequest,
     SupervisorRef,
 )
+from workflows.worker_config import CommandTemplate, RouterEntry, WorkerConfig, WorkerSettings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "fixtures" / "peer_examples"
 A, B = "http://router-a", "http://router-b"
+T = "http://router-t"  # the configured router with a token
 REF = RouterRef(routers=[A, B])
+
+
+def settings(token_env: str = "", **templates: CommandTemplate) -> WorkerSettings:
+    """The worker's configuration of these tests: router ``ab`` (A, B), ``a`` (T), templates."""
+    routers = {"ab": RouterEntry(urls=[A, B]), "a": RouterEntry(urls=[T], token_env=token_env)}
+    return WorkerSettings.of(WorkerConfig(routers=routers, templates=templates))
 
 
 def example(name: str) -> dict[str, Any]:
@@ -55,7 +64,9 @@ def not_controlling() -> dict[str, Any]:
 Handler = Callable[[httpx.Request], httpx.Response]
 
 
-def activities(handler: Handler, env: dict[str, str] | None = None) -> tuple[LifecycleActivities, list[str]]:
+def activities(
+    handler: Handler, env: dict[str, str] | None = None, token_env: str = ""
+) -> tuple[LifecycleActivities, list[str]]:
     seen: list[str] = []
 
     def record(req: httpx.Request) -> httpx.Response:
@@ -63,7 +74,7 @@ def activities(handler: Handler, env: dict[str, str] | None = None) -> tuple[Lif
         return handler(req)
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(record))
-    return LifecycleActivities(LifecycleClient(http, env=env or {})), seen
+    return LifecycleActivities(LifecycleClient(http, settings(token_env), env=env or {})), seen
 
 
 def test_parse_lifecycle_examples() -> None:
@@ -102,11 +113,11 @@ async def test_follows_the_lease_holder_on_503_and_connection_errors() -> None:
     assert out.engines["e0"].state == "drained"
 
 
-async def test_any_active_active_replica_leads_to_the_holder_it_names() -> None:
+async def test_any_active_active_replica_leads_to_the_holder_among_the_configured_urls() -> None:
     def follower_doc() -> dict[str, Any]:
         doc = not_controlling()
         doc["replicas"] = {"mode": "active-active", "self_id": "r1", "holder_id": "r0",
-                           "holder_url": "http://router-h:9000/", "version": 7, "members": []}  # fmt: skip
+                           "holder_url": "http://router-b/", "version": 7, "members": []}  # fmt: skip
         return doc
 
     def handler(req: httpx.Request) -> httpx.Response:
@@ -122,8 +133,8 @@ async def test_any_active_active_replica_leads_to_the_holder_it_names() -> None:
     assert out.engines["e0"].state == "drained"
     assert seen == [
         "GET router-a /narwhal/lifecycle",
-        "GET router-h /narwhal/lifecycle",
-        "POST router-h /narwhal/lifecycle/drain",
+        "GET router-b /narwhal/lifecycle",  # the worker's configuration lists every replica
+        "POST router-b /narwhal/lifecycle/drain",
     ]
 
 
@@ -152,20 +163,80 @@ async def test_no_holder_is_a_retryable_router_unavailable() -> None:
     assert err.value.type == "RouterUnavailable" and not err.value.non_retryable
 
 
-async def test_control_token_comes_from_the_named_env_var() -> None:
+async def test_control_token_comes_from_the_workers_configuration() -> None:
     auth: list[str | None] = []
 
     def handler(req: httpx.Request) -> httpx.Response:
         auth.append(req.headers.get("authorization"))
         return httpx.Response(200, json=lifecycle())
 
-    acts, _ = activities(handler, env={"NARWHAL_TOKEN": "s3cret"})
-    await ActivityEnvironment().run(acts.read_fleet, RouterRef(routers=[A], token_env="NARWHAL_TOKEN"))
+    acts, _ = activities(handler, env={"NARWHAL_TOKEN": "s3cret"}, token_env="NARWHAL_TOKEN")
+    await ActivityEnvironment().run(acts.read_fleet, RouterRef(name="a"))
     assert auth[0] == "Bearer s3cret"
-    acts401, _ = activities(lambda req: httpx.Response(401, json={}), env={"NARWHAL_TOKEN": "bad"})
+    await ActivityEnvironment().run(acts.read_fleet, RouterRef(routers=[T]))  # URLs of router "a"
+    assert auth[-1] == "Bearer s3cret"
+    acts401, _ = activities(
+        lambda req: httpx.Response(401, json={}), env={"NARWHAL_TOKEN": "bad"}, token_env="NARWHAL_TOKEN"
+    )
     with pytest.raises(ApplicationError) as err:
-        await ActivityEnvironment().run(acts401.read_fleet, RouterRef(routers=[A], token_env="NARWHAL_TOKEN"))
+        await ActivityEnvironment().run(acts401.read_fleet, RouterRef(name="a"))
     assert err.value.type == "Unauthorized" and err.value.non_retryable
+
+
+@pytest.mark.parametrize(
+    ("ref", "why"),
+    [
+        (RouterRef(name="elsewhere"), "router 'elsewhere' is not in this worker's configuration"),
+        (RouterRef(routers=["http://listener:9"]), "are not in this worker's configuration"),
+        (RouterRef(name="a", routers=["http://listener:9"]), "not configured for router a"),
+        (RouterRef(name="a", token_env="OTHER_SECRET"), "names a token variable"),
+    ],
+)
+async def test_a_router_or_token_the_worker_does_not_know_is_refused_before_any_request(
+    ref: RouterRef, why: str
+) -> None:
+    acts, seen = activities(
+        lambda req: httpx.Response(200, json=lifecycle()), env={"T": "s3cret"}, token_env="T"
+    )
+    for call in (
+        ActivityEnvironment().run(acts.read_fleet, ref),
+        ActivityEnvironment().run(acts.drain, DrainRequest(router=ref, engines=["e0"])),
+    ):
+        with pytest.raises(ApplicationError, match=why) as err:
+            await call
+        assert err.value.type == "WorkerRefused" and err.value.non_retryable
+    assert seen == []  # nothing was asked of any router, no token went anywhere
+
+
+async def test_a_holder_named_outside_the_configured_urls_is_not_followed() -> None:
+    """An active-active replica's document names the holder; the token goes only to configured URLs."""
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        doc = lifecycle(controls=False)
+        doc["replicas"] = {"holder_url": "http://listener:9"}
+        return httpx.Response(200, json=doc)
+
+    acts, seen = activities(handler, env={"T": "s3cret"}, token_env="T")
+    with pytest.raises(ApplicationError, match="names holder http://listener:9, not a URL of router a"):
+        await ActivityEnvironment().run(acts.read_fleet, RouterRef(name="a"))
+    assert all(" listener " not in s for s in seen), seen
+
+
+async def test_drain_refuses_bad_engine_ids_and_unknown_templates_before_draining() -> None:
+    acts, seen = activities(lambda req: httpx.Response(200, json=lifecycle()))
+    bad = DrainRequest(router=REF, engines=["x{url}"])
+    with pytest.raises(ApplicationError, match=re.escape("engine id 'x{url}' refused")) as err:
+        await ActivityEnvironment().run(acts.drain, bad)
+    assert err.value.type == "WorkerRefused"
+    for sup, why in (
+        (SupervisorRef(backend="command", template="nope"), "template 'nope' is not in this worker's"),
+        (SupervisorRef(backend="command", command="touch /tmp/x"), "workflow input carries a command"),
+    ):
+        with pytest.raises(ApplicationError, match=why):
+            await ActivityEnvironment().run(
+                acts.drain, DrainRequest(router=REF, engines=["e0"], supervisor=sup)
+            )
+    assert seen == []
 
 
 async def test_retried_drain_meeting_already_active_is_success() -> None:
@@ -305,21 +376,20 @@ async def test_confirm_active_polls_by_retry() -> None:
 # -- supervisor backends --------------------------------------------------------------------------
 
 
-def sup_acts(handler: Handler) -> SupervisorActivities:
-    return SupervisorActivities(httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+def sup_acts(
+    handler: Handler, env: dict[str, str] | None = None, **templates: CommandTemplate
+) -> SupervisorActivities:
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return SupervisorActivities(http, settings(**templates), env=env if env is not None else dict(os.environ))
 
 
 def metrics(start: float) -> httpx.Response:
     return httpx.Response(200, text=f"# HELP x\nprocess_start_time_seconds {start}\nother 1\n")
 
 
-def test_parse_process_start_and_render() -> None:
+def test_parse_process_start() -> None:
     assert parse_process_start("a 1\nprocess_start_time_seconds 1795966339.9004564\n") == 1795966339.9004564
     assert parse_process_start("nothing here") is None
-    assert render_command("systemctl restart vllm@{iid} # {url}", "e0", "http://h:1") == (
-        "systemctl restart vllm@e0 # http://h:1"
-    )
-    assert render_command("echo {iid}", "e0; rm -rf /", "") == "echo 'e0; rm -rf /'"
 
 
 async def test_local_backend_always_sends_the_drain_recorded_start() -> None:
@@ -344,20 +414,24 @@ async def test_local_backend_always_sends_the_drain_recorded_start() -> None:
 async def test_command_backend_runs_once_and_is_guarded(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     live = {"start": 100.0}
-    acts = sup_acts(lambda req: metrics(live["start"]))
     cmd = f"{sys.executable} -c \"open('{marker}', 'a').write('{{iid}}\\n')\""
+    acts = sup_acts(
+        lambda req: metrics(live["start"]),
+        restart=CommandTemplate(command=cmd),
+        fails=CommandTemplate(command="sh -c 'exit 3'"),
+    )
     target = EngineTarget(
         iid="e0",
         url="http://e0",
         old_process_start=100.0,
-        supervisor=SupervisorRef(backend="command", command=cmd),
+        supervisor=SupervisorRef(backend="command"),
     )
     out = await ActivityEnvironment().run(acts.restart_engine, target)
     assert out.restarted and marker.read_text() == "e0\n"
     live["start"] = 200.0  # the engine now serves a new process: a retry must not run the command
     out = await ActivityEnvironment().run(acts.restart_engine, target)
     assert not out.restarted and marker.read_text() == "e0\n"
-    failing = target.model_copy(update={"supervisor": SupervisorRef(backend="command", command="exit 3")})
+    failing = target.model_copy(update={"supervisor": SupervisorRef(backend="command", template="fails")})
     live["start"] = 100.0
     with pytest.raises(ApplicationError) as err:
         await ActivityEnvironment().run(acts.restart_engine, failing)
@@ -365,24 +439,26 @@ async def test_command_backend_runs_once_and_is_guarded(tmp_path: Path) -> None:
 
 
 async def test_a_command_that_leaves_a_daemon_behind_completes_at_its_exit(tmp_path: Path) -> None:
-    acts = sup_acts(lambda req: metrics(100.0))
     pid_file = tmp_path / "daemon.pid"
     # the daemon inherits the command's stdout/stderr and outlives it (as `service x start` may)
     cmd = f"sleep 60 & echo $! > {pid_file}; echo started"
+    acts = sup_acts(
+        lambda req: metrics(100.0),
+        restart=CommandTemplate(command=cmd, shell=True),
+        full=CommandTemplate(command="echo no space left >&2; exit 4", shell=True),
+    )
     target = EngineTarget(
         iid="e0",
         url="http://e0",
         old_process_start=100.0,
-        supervisor=SupervisorRef(backend="command", command=cmd),
+        supervisor=SupervisorRef(backend="command"),
     )
     try:
         out = await asyncio.wait_for(ActivityEnvironment().run(acts.restart_engine, target), 20)
         assert out.restarted
     finally:
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
-    failing = target.model_copy(
-        update={"supervisor": SupervisorRef(backend="command", command="echo no space left >&2; exit 4")}
-    )
+    failing = target.model_copy(update={"supervisor": SupervisorRef(backend="command", template="full")})
     with pytest.raises(ApplicationError, match="exited 4: no space left"):
         await ActivityEnvironment().run(acts.restart_engine, failing)
 

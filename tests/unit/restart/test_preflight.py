@@ -53,7 +53,7 @@ def router(
 
 async def run(handler: Callable[[httpx.Request], httpx.Response], **kw: Any) -> Any:
     req = StartRequest(
-        routers=[R], supervisor=kw.pop("supervisor", "command"), restart_command="x {url}", **kw
+        routers=[R], supervisor=kw.pop("supervisor", "command"), restart_template="restart", **kw
     )
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
         return await preflight(http, req)

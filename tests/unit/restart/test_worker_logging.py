@@ -17,6 +17,7 @@ from router.logs import CLIENT_LOGGERS
 from tests.unit.restart.test_activities import REF, example, lifecycle
 from workflows import worker
 from workflows.models import StopWaitRequest
+from workflows.worker_config import RouterEntry, WorkerConfig, WorkerSettings
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +47,8 @@ async def _wait_ready_to_stop() -> None:
         return httpx.Response(200, json=docs.pop(0) if len(docs) > 1 else docs[0])
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(router)) as http:
-        acts = LifecycleActivities(LifecycleClient(http, env={}))
+        config = WorkerConfig(routers={"ab": RouterEntry(urls=REF.routers)})
+        acts = LifecycleActivities(LifecycleClient(http, WorkerSettings.of(config), env={}))
         req = StopWaitRequest(router=REF, engines=["e0"], poll_interval_s=0.01)
         out = await ActivityEnvironment().run(acts.wait_ready_to_stop, req)
     assert out.status == "ready_to_stop"
