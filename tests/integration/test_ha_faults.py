@@ -134,3 +134,23 @@ def test_planted_symlinks_are_refused_and_nothing_outside_is_written(tmp_path: P
         a.proc.stop()
     assert {p.name: p.read_bytes() for p in outside.iterdir()} == before  # nothing written outside
     assert (tmp_path / "a.state.json").is_symlink() and (tmp_path / "a.state.json.rejected").is_symlink()
+
+
+def test_planted_journal_symlink_is_refused_at_start_and_nothing_outside_is_written(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "authorized_keys"
+    victim.write_text("ssh-ed25519 AAAA... operator\n")
+    (tmp_path / "a.journal.jsonl").symlink_to(victim)  # the journal path of router "a"
+    with proc_group(tmp_path) as group:
+        sims = start_sims(group, 1, itl_ms=2)
+        with pytest.raises(RuntimeError, match="process exited") as exc:
+            ha_router(group, tmp_path, sims, "a", "--resume")
+    message = str(exc.value)
+    assert (
+        "narwhal-serve: error:" in message and "journal is a symbolic link (refused, not followed)" in message
+    )
+    assert str(tmp_path / "a.journal.jsonl") in message
+    assert victim.read_text() == "ssh-ed25519 AAAA... operator\n"  # nothing appended through the link
+    assert sorted(p.name for p in outside.iterdir()) == ["authorized_keys"]
+    assert not (tmp_path / "a.state.json").exists()  # refused before anything was claimed or written
