@@ -135,12 +135,12 @@ class LeaseKeeper:
         """Renew every interval; errors are retried within validity; a local loss re-claims."""
         lease = self.lease
         delay = self.interval_s
-        while lease.owned:
+        while True:  # (ends when fenced for good; cancelled at shutdown)
             await asyncio.sleep(delay)
-            if not lease.owned:
-                return
             try:
-                renewed = await lease.renew()
+                # lost between two renewals (etcd: a fenced write found the holder key deleted
+                # or replaced) is the same loss as a failed renewal: fenced, and contending
+                renewed = await lease.renew() if lease.owned else False
             except LeaseError as exc:
                 self.renewal_errors += 1
                 if lease.remaining() > 0:  # (not valid(): an unconfirmed etcd write is re-verified here)
