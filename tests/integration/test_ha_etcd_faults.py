@@ -118,4 +118,6 @@ def test_deleted_holder_key_leaves_every_router_contending(
         wait_controls(other, timeout=60)
         took = time.monotonic() - died
         assert epoch_of(other) == 3 and held(other, "e0")
-        print(f"controlled again {took:.1f}s after the next holder's death (TTL {TTL_PLUS_MARGIN - 0.5:.0f}s)")
+        print(
+            f"controlled again {took:.1f}s after the next holder's death (TTL {TTL_PLUS_MARGIN - 0.5:.0f}s)"
+        )
