@@ -186,6 +186,17 @@ def release_rule(
     return LeaseRecord.of(epoch, holder, now, now)
 
 
+def renewed_since(first: LeaseRecord, current: LeaseRecord | Unreadable | None) -> bool:
+    """A record found held at start (``first``) has since been renewed or taken by someone: its
+    holder (or a successor) is alive. A record left as it was, released (expiry moved back),
+    damaged or gone is not: its holder may be gone, so the starter waits for it to expire."""
+    if not isinstance(current, LeaseRecord):
+        return False
+    if current.holder != first.holder or current.epoch != first.epoch:
+        return True
+    return current.expires_at > first.expires_at
+
+
 # -- settings ---------------------------------------------------------------------------------------
 
 

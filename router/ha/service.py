@@ -125,7 +125,12 @@ class HAService:
         core.control.lease = self.lease  # unowned until claimed: no control before start()
         self.keeper = (
             LeaseKeeper(
-                self.lease, core.control, settings.lease_renew_interval_s, self._epoch_floor, self._claimed
+                self.lease,
+                core.control,
+                settings.lease_renew_interval_s,
+                self._epoch_floor,
+                self._claimed,
+                clock=core.clock,
             )
             if self.lease is not None
             else None

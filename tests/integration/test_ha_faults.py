@@ -6,13 +6,30 @@ the state and lease directories are refused, never followed."""
 from __future__ import annotations
 
 import json
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.fleet import start_sims
-from tests.support.ha import engine_state, epoch_of, ha_router, held, resumed, start_pair
-from tests.support.procs import proc_group
+from tests.support.fleet import restart_sim, start_sims
+from tests.support.ha import (
+    LEASE_TTL_S,
+    STANDBY,
+    controls,
+    drain,
+    engine_state,
+    epoch_of,
+    ha_router,
+    held,
+    ready,
+    resumed,
+    sigstop_inside_lease_lock,
+    start_pair,
+    wait_controls,
+)
+from tests.support.procs import free_port, proc_group
+from tests.support.router import RouterHandle
 from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
@@ -154,3 +171,104 @@ def test_planted_journal_symlink_is_refused_at_start_and_nothing_outside_is_writ
     assert victim.read_text() == "ssh-ed25519 AAAA... operator\n"  # nothing appended through the link
     assert sorted(p.name for p in outside.iterdir()) == ["authorized_keys"]
     assert not (tmp_path / "a.state.json").exists()  # refused before anything was claimed or written
+
+
+def _one_controller(*routers: RouterHandle) -> RouterHandle | None:
+    holders = [r for r in routers if controls(r)]
+    assert len(holders) <= 1, [r.url for r in holders]
+    return holders[0] if holders else None
+
+
+@pytest.mark.parametrize("first", ["primary", "standby"])
+def test_both_down_and_restarted_within_the_ttl_in_either_order_end_with_one_controller(
+    tmp_path: Path, first: str
+) -> None:
+    """Both routers killed while the last holder's lease still stands, restarted within 1 s of each
+    other (``a --resume`` and ``b --standby-of a``, either first): one of them controls with the
+    newest state (the drain the last holder acknowledged), the other shadows it or is fenced."""
+    lease_path = tmp_path / "router.lease"
+    ttl = ["--lease-ttl", "6"]  # longer than a router's start-up: restarted while the lease stands
+    with proc_group(tmp_path) as group:
+        sims = start_sims(group, 3, itl_ms=2)
+        a = ha_router(group, tmp_path, sims, "a", *ttl, wait_ready=True)
+        b = ha_router(group, tmp_path, sims, "b", "--standby-of", a.url, *STANDBY, *ttl)
+        wait_for("b shadows", lambda: ready(b)[1].get("reason") == "shadowing", timeout=60)
+        a.proc.kill9()
+        wait_for("b takes over", lambda: epoch_of(b) == 2, timeout=60)
+        r = drain(b, "e2")
+        assert r.status_code == 200, r.text  # acknowledged by the epoch-2 holder only
+        b.proc.kill9()  # both down; b's lease has not expired
+        died = time.monotonic()
+        assert json.loads(lease_path.read_text())["expires_at"] > time.time()
+        port_a = free_port()
+        starts = {
+            "primary": lambda: ha_router(
+                group, tmp_path, sims, "a", "--resume", *ttl, port=port_a, wait=False
+            ),
+            "standby": lambda: ha_router(
+                group,
+                tmp_path,
+                sims,
+                "b",
+                "--standby-of",
+                f"http://127.0.0.1:{port_a}",
+                *STANDBY,
+                *ttl,
+                wait=False,
+            ),
+        }
+        second = "standby" if first == "primary" else "primary"
+        started = {first: starts[first]()}
+        started[second] = starts[second]()
+        a2, b2 = started["primary"], started["standby"]
+        holder = wait_for("one controller", lambda: _one_controller(a2, b2), timeout=60)
+        took = time.monotonic() - died
+        assert holder is not None
+        other = b2 if holder is a2 else a2
+        assert epoch_of(holder) == 3, ready(holder)
+        assert held(holder, "e2")
+        settled = ("shadowing",) if other is b2 else ("lease held by another router",)
+        wait_for("the other settles", lambda: ready(other)[1].get("reason") in settled, timeout=60)
+        assert _one_controller(a2, b2) is holder and epoch_of(holder) == 3
+        name = "a" if holder is a2 else "b"
+        print(f"{first} first: {name} controls {took:.1f}s after both died (TTL 6s)")
+
+
+def test_lease_unclaimable_past_the_max_handoff_age_then_holder_killed_standby_takes_over(
+    tmp_path: Path,
+) -> None:
+    """The primary frozen inside its lease lock (the flock held: every claim "lease lock busy") for
+    longer than ``standby_max_handoff_age_s``, then killed: the standby claims and takes over from
+    the durable shared handoff, however old, with every acknowledged change."""
+    lease_path = tmp_path / "router.lease"
+    shared = tmp_path / "router.lease.handoff.json"
+    with proc_group(tmp_path) as group:
+        sims = start_sims(group, 3, itl_ms=2)
+        a, b = start_pair(group, tmp_path, sims)
+        assert drain(a, "e0").status_code == 200  # acknowledged: drain e0, readmit it, drain e1
+        wait_for("e0 drained", lambda: engine_state(a, "e0")["state"] == "drained", timeout=60)
+        restart_sim(group, sims[0])
+        r = a.post("/narwhal/lifecycle/readmit", {"engines": ["e0"]}, timeout=60)
+        assert r.status_code == 200, r.text
+        r = drain(a, "e1")
+        assert r.status_code == 200, r.text
+        sigstop_inside_lease_lock(a, lease_path)
+        at = json.loads(shared.read_text())["at"]
+        max_age = float(STANDBY[STANDBY.index("--standby-max-handoff-age") + 1])
+        wait_for(
+            "every handoff is older than the max age", lambda: time.time() - at > max_age + 1, timeout=60
+        )
+        # blocked by the lock, not "no fresh handoff": the durable copy has no age limit
+        wait_for("standby blocked by the lock", lambda: "busy" in ready(b)[1].get("reason", ""), timeout=30)
+        assert not controls(b)
+        a.proc.signal(signal.SIGCONT)  # (a SIGKILL reaches a stopped process too; thawed for a clean log)
+        a.proc.kill9()
+        died = time.monotonic()
+        wait_controls(b, timeout=60)
+        took = time.monotonic() - died
+        assert epoch_of(b) == 2
+        assert held(b, "e1")
+        e0 = engine_state(b, "e0")
+        assert e0["state"] == "active" and e0["accepts_new"], e0
+        assert "no fresh handoff" not in ready(b)[1].get("reason", "")
+        print(f"standby controls {took:.1f}s after the frozen holder was killed (TTL {LEASE_TTL_S}s)")
