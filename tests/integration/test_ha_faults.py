@@ -26,6 +26,7 @@ from tests.support.ha import (
     resumed,
     sigstop_inside_lease_lock,
     start_pair,
+    state_file,
     wait_controls,
 )
 from tests.support.procs import free_port, proc_group
@@ -259,7 +260,18 @@ def test_lease_unclaimable_past_the_max_handoff_age_then_holder_killed_standby_t
             "every handoff is older than the max age", lambda: time.time() - at > max_age + 1, timeout=60
         )
         # blocked by the lock, not "no fresh handoff": the durable copy has no age limit
-        wait_for("standby blocked by the lock", lambda: "busy" in ready(b)[1].get("reason", ""), timeout=30)
+        reasons: list[str] = []
+
+        def blocked_by_the_lock() -> bool:
+            reasons.append(ready(b)[1].get("reason", ""))
+            return "busy" in reasons[-1]
+
+        try:
+            wait_for("standby blocked by the lock", blocked_by_the_lock, timeout=30)
+        except AssertionError:
+            raise AssertionError(
+                f"standby reasons: {sorted(set(reasons))}\n{b.proc.output()[-3000:]}"
+            ) from None
         assert not controls(b)
         a.proc.signal(signal.SIGCONT)  # (a SIGKILL reaches a stopped process too; thawed for a clean log)
         a.proc.kill9()
@@ -272,3 +284,35 @@ def test_lease_unclaimable_past_the_max_handoff_age_then_holder_killed_standby_t
         assert e0["state"] == "active" and e0["accepts_new"], e0
         assert "no fresh handoff" not in ready(b)[1].get("reason", "")
         print(f"standby controls {took:.1f}s after the frozen holder was killed (TTL {LEASE_TTL_S}s)")
+
+
+def test_lease_and_shared_handoff_deleted_the_next_epoch_is_above_every_epoch_seen(tmp_path: Path) -> None:
+    """``rm router.lease router.lease.handoff.json`` after a takeover: router ``a`` (which last saw
+    epoch 1) claims above the epoch ``b`` held, from the epoch floor beside the lease; and with the
+    floor deleted too, the last holder claims above its own epoch, from its own state file (written
+    at the claim, before anything else)."""
+    lease_path = tmp_path / "router.lease"
+    shared = tmp_path / "router.lease.handoff.json"
+    floor = tmp_path / "router.lease.epoch"
+    with proc_group(tmp_path) as group:
+        sims = start_sims(group, 3, itl_ms=2)
+        a, b = start_pair(group, tmp_path, sims)
+        a.proc.kill9()
+        wait_for("b takes over", lambda: epoch_of(b) == 2, timeout=60)
+        assert drain(b, "e2").status_code == 200
+        b.proc.kill9()
+        assert json.loads((tmp_path / "a.state.json").read_text())["epoch"] == 1  # a never saw 2
+        lease_path.unlink()
+        shared.unlink()
+        assert floor.read_text() == "2\n"
+        a2 = ha_router(group, tmp_path, sims, "a", "--resume", wait=False)
+        wait_controls(a2, timeout=60)
+        assert epoch_of(a2) == 3  # not 2 again
+        wait_for("a's state file holds epoch 3", lambda: state_file(tmp_path, "a")["epoch"] == 3, timeout=30)
+        a2.proc.kill9()  # the last holder; now the whole lease directory's state goes
+        for p in (lease_path, shared, floor):
+            p.unlink()
+        a3 = ha_router(group, tmp_path, sims, "a", "--resume", wait=False)
+        wait_controls(a3, timeout=60)
+        assert epoch_of(a3) == 4
+        assert floor.read_text() == "4\n"

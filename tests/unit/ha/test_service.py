@@ -148,10 +148,12 @@ async def test_lease_expired_during_cleanup_means_no_final_write(tmp_path: Path,
     c = core(clock=clock)
     ha = _service(tmp_path, c)
     await ha.start()
+    assert _load(ha.settings.state_path)["epoch"] == 1  # the claimed epoch, written at once
+    c.counters.finish("served")
     await ha._on_shutdown(None)  # type: ignore[arg-type]
     clock.advance(0.95)  # past ttl − margin: locally invalid
     await ha.stop()
-    assert not _exists(ha.settings.state_path)
+    assert _load(ha.settings.state_path)["counters"]["served"] == 0  # no final write
 
 
 async def _drive_renewal(
