@@ -198,7 +198,11 @@ def test_failed_renewal_keeps_old_deadline_and_leaves_no_temp_files(
         a.renew()
     assert a.owned and a.deadline == deadline
     assert path.read_bytes() == before
-    assert sorted(p.name for p in path.parent.iterdir()) == ["router.lease", "router.lease.epoch", "router.lease.lock"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        "router.lease",
+        "router.lease.epoch",
+        "router.lease.lock",
+    ]
 
 
 def test_full_disk_renewal_rewrites_the_record_in_place(
@@ -214,7 +218,11 @@ def test_full_disk_renewal_rewrites_the_record_in_place(
     monkeypatch.setattr(os, "replace", full)
     assert a.renew() and a.valid()  # the lease survives a full disk
     assert FileLeaseBackend(path).read() == LeaseRecord.of(1, "a:1", clock.wall() + TTL, clock.wall())
-    assert sorted(p.name for p in path.parent.iterdir()) == ["router.lease", "router.lease.epoch", "router.lease.lock"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        "router.lease",
+        "router.lease.epoch",
+        "router.lease.lock",
+    ]
 
 
 def test_release_expires_own_epoch(path: Path, clock: FakeClock) -> None:
@@ -341,7 +349,11 @@ def test_claim_write_failure_raises_and_keeps_previous_bytes(
     with pytest.raises(LeaseError, match=r"^cannot claim"):
         b.claim()
     assert not b.owned and path.read_bytes() == before
-    assert sorted(p.name for p in path.parent.iterdir()) == ["router.lease", "router.lease.epoch", "router.lease.lock"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        "router.lease",
+        "router.lease.epoch",
+        "router.lease.lock",
+    ]
 
 
 def test_release_write_failure_still_drops_validity(
