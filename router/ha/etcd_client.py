@@ -281,7 +281,7 @@ class EtcdClient:
         for url in self._order():
             try:
                 r = await self._post(url, path, body, timeout)
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, OSError) as exc:  # (an ssl.SSLError can escape httpx's mapping)
                 reasons.append(f"{url}: {_describe(exc)}")
                 continue
             doc = _json(r)
@@ -391,7 +391,7 @@ class EtcdClient:
                         for ev in result.get("events", []):
                             yield WatchEvent(ev.get("type", "PUT"), KeyValue.from_json(ev.get("kv", {})))
                     reasons.append(f"{url}: watch stream ended")
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, OSError) as exc:  # (an ssl.SSLError can escape httpx's mapping)
                 reasons.append(f"{url}: {_describe(exc)}")
         raise EtcdUnavailable(f"etcd watch unavailable ({'; '.join(reasons)})")
 
@@ -419,7 +419,7 @@ def _auth_expired(doc: dict[str, Any]) -> bool:
     return doc.get("code") == 16 or "invalid auth token" in _message(doc)
 
 
-def _describe(exc: httpx.HTTPError) -> str:
+def _describe(exc: Exception) -> str:
     """The exception class, and for TLS failures why (a refused or missing certificate)."""
     name = type(exc).__name__
     text = str(exc)
