@@ -20,7 +20,7 @@ from router.ha.lease import Lease, LeaseError, LeaseSettings
 from router.ha.lease_backend import FileLease
 from router.ha.service import HAService
 from router.ha.settings import HARuntime
-from router.ha.standby import StandbyLoop, judge_probe
+from router.ha.standby import StandbyLoop, judge_probe, takeover_handoff
 from tests.unit.ha.helpers import HACore, core, fixture, fleet, machine
 
 FAST = {"lease_ttl_s": 1.0, "lease_renew_interval_s": 0.2, "lease_safety_margin_s": 0.1}
@@ -532,3 +532,17 @@ async def test_standby_tasks_end_cleanly(tmp_path: Path, clock: FakeClock) -> No
     _, ha = await _standby(tmp_path, clock, None)
     await asyncio.sleep(0)
     await ha.stop()
+
+
+def test_takeover_handoff_ages_out_polls_but_never_the_durable_copy() -> None:
+    now = 1_800_000_100.0
+    base = fixture("handoff_initial.json")
+    old_poll = validate(base | {"epoch": 1, "holder": "router-a:1", "at": now - 60})
+    fresh_poll = validate(base | {"epoch": 1, "holder": "router-a:1", "at": now - 1})
+    durable = validate(base | {"epoch": 1, "holder": "router-a:1", "at": now - 50})
+    assert takeover_handoff(old_poll, None, now, 30.0) is None  # "no fresh handoff"
+    assert takeover_handoff(fresh_poll, None, now, 30.0) is fresh_poll
+    assert takeover_handoff(None, durable, now, 30.0) is durable  # written before every acknowledgement
+    assert takeover_handoff(old_poll, durable, now, 30.0) is durable  # the newer of the two
+    assert takeover_handoff(fresh_poll, durable, now, 30.0) is fresh_poll
+    assert takeover_handoff(None, None, now, 30.0) is None
