@@ -146,7 +146,10 @@ class LeaseKeeper:
                     self._fence(why)
                     return False
                 self.control.take_control(self.lease)
-                log.warning("lease claimed again: epoch %d", self.lease.epoch)
+                if previous_epoch:
+                    log.warning("lease claimed again: epoch %d", self.lease.epoch)
+                else:  # (a lease found held at start expired unrenewed, or the store answers again)
+                    log.warning("lease claimed: epoch %d", self.lease.epoch)
                 return True
 
     async def contend(self) -> bool:
