@@ -59,6 +59,11 @@ class RouterOptions:
     lease_path: str | None = None
     etcd_endpoints: str | None = None
     etcd_prefix: str | None = None
+    etcd_cacert: str | None = None
+    etcd_cert: str | None = None
+    etcd_key: str | None = None
+    etcd_user: str | None = None
+    etcd_password_env: str | None = None
     router_id: str | None = None
     lease_ttl: float | None = None
     lease_renew_interval: float | None = None

@@ -161,6 +161,19 @@ class HASettings(_Frozen):
     lease_path: str = ""
     etcd_endpoints: str = ""
     etcd_prefix: str = ""
+    etcd_cacert: str = Field(
+        default="", description="PEM CA bundle for `https://` etcd endpoints (`--etcd-cacert`)"
+    )
+    etcd_cert: str = Field(
+        default="", description="PEM TLS client certificate for etcd, with `etcd_key` (`--etcd-cert`)"
+    )
+    etcd_key: str = Field(default="", description="key of `etcd_cert` (`--etcd-key`)")
+    etcd_user: str = Field(
+        default="", description="etcd user: authenticated at `/v3/auth/authenticate` (`--etcd-user`)"
+    )
+    etcd_password_env: str = Field(
+        default="", description="environment variable holding `etcd_user`'s password (`--etcd-password-env`)"
+    )
     router_id: str = ""
     lease_ttl_s: float = Field(default=5.0, gt=0)
     lease_renew_interval_s: float = Field(default=1.0, gt=0)

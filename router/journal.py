@@ -5,15 +5,22 @@ on an event loop are handed to that thread in batches: at the end of the loop's 
 most once per ``HANDOVER_S`` (20 ms) — under load one wake-up of the writer per batch instead of one
 per request (each woke a thread that then took the GIL from the loop); rows appended outside a loop,
 and whatever is pending at ``close``, are handed over at once.
+
+The file is opened (once, at ``open``; the journal is append-only and never rotated) like the state
+files of ``router/ha/statefile.py``: never through a symbolic link (``O_NOFOLLOW``), and only a
+regular file. A planted link or a FIFO is refused at start-up (``JournalRefused``: the router exits
+naming the path) and nothing outside is written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import logging
 import os
 import queue
+import stat
 import subprocess
 import threading
 import time
@@ -30,6 +37,36 @@ SCHEMA_VERSION = 1
 PACKAGE = "narwhal-restart"
 _PACKAGES = ("router", "workflows", "activities", "fleet")
 HANDOVER_S = 0.02  # at most one hand-over to the writer thread per this many seconds
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a planted FIFO fails the open instead of blocking it
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class JournalRefused(OSError):
+    """The journal path is a symbolic link or not a regular file: refused, never followed."""
+
+
+def open_append(path: Path) -> int:
+    """The journal's fd for appending, opened like the state files: never through a symbolic link
+    (``O_NOFOLLOW``), only a regular file. ``JournalRefused`` names the problem; other ``OSError``s
+    propagate (the router's start-up reports them and exits)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            raise JournalRefused(
+                errno.ELOOP, "journal is a symbolic link (refused, not followed)", str(path)
+            ) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise JournalRefused(errno.EINVAL, "journal is not a regular file (refused)", str(path))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def new_run_id(start_wall: float | None = None) -> str:
@@ -80,6 +117,7 @@ class Journal:
         self.run_id = run_id or new_run_id()
         self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._fd = -1  # the journal file, opened (no-follow) by ``open`` and owned by the writer
         self._pending: list[bytes] = []  # rows waiting for the next hand-over to the writer
         self._due = 0.0  # when the scheduled hand-over is late (its loop stopped): schedule another
         self._flushed = 0.0  # the last hand-over
@@ -89,6 +127,7 @@ class Journal:
         if self.path is None or self._thread is not None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = open_append(self.path)
         header = {
             "meta": {
                 "schema": SCHEMA,
@@ -143,8 +182,8 @@ class Journal:
         self._thread = None
 
     def _writer(self) -> None:
-        assert self.path is not None
-        with self.path.open("ab") as fh:
+        fd, self._fd = self._fd, -1
+        with os.fdopen(fd, "ab") as fh:
             while True:
                 item = self._queue.get()
                 if item is None:

@@ -212,6 +212,11 @@ class EtcdCluster:
     def put(self, key: str, value: bytes) -> None:
         self._gateway("put", {"key": _b64(key.encode()), "value": _b64(value)}, "accepted the put")
 
+    def delete(self, key: str) -> int:
+        """``etcdctl del <key>``: how many keys were deleted."""
+        doc = self._gateway("deleterange", {"key": _b64(key.encode())}, "accepted the delete")
+        return int(doc.get("deleted", 0))
+
 
 def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()

@@ -115,6 +115,47 @@ def sigstop_outside_lease_lock(router: RouterHandle, lease_path: Path, timeout: 
         os.close(fd)  # releases the lock
 
 
+def sigstop_inside_lease_lock(router: RouterHandle, lease_path: Path, timeout: float = 60.0) -> None:
+    """SIGSTOP ``router`` *inside* its locked read-modify-write of the lease record, so it keeps the
+    lease file's ``flock`` while frozen (every other claim: "lease lock busy"). Catches the lock busy
+    (a renewal in progress), stops the router, and checks the lock stays held; otherwise (the router
+    had just left, or the busy lock was another router's brief claim) the router is thawed and the
+    next renewal is tried."""
+    lock_path = Path(str(lease_path) + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        give_up = time.monotonic() + timeout
+        while time.monotonic() < give_up:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # the router is inside its critical section right now
+                router.proc.signal(signal.SIGSTOP)
+                if _stays_locked(fd, 0.5):
+                    return  # frozen with the lock held
+                router.proc.signal(signal.SIGCONT)  # it had just left: try the next renewal
+                continue
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            time.sleep(0.0002)  # leave the lock to the router most of the time
+        raise AssertionError(f"never caught {router.url} inside its lease lock in {timeout}s")
+    finally:
+        os.close(fd)
+
+
+def _stays_locked(fd: int, for_s: float) -> bool:
+    """The lease lock stays busy for ``for_s`` (held by a frozen process, not a peer's brief claim:
+    a standby whose probes missed under load takes it for a moment too)."""
+    until = time.monotonic() + for_s
+    while time.monotonic() < until:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            time.sleep(0.01)
+            continue
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    return True
+
+
 def state_file(tmp: Path, name: str, state_dir: Path | None = None) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(((state_dir or tmp) / f"{name}.state.json").read_text())
     return doc

@@ -56,8 +56,10 @@ def start_router(
     wait_ready: bool = False,
     timeout: float = 30.0,
     control_port: int | None = None,
+    wait: bool = True,
 ) -> RouterHandle:
-    """Start a router on a free loopback port, journal in ``tmp_path``; waits for ``/health`` (or /ready).
+    """Start a router on a free loopback port, journal in ``tmp_path``; waits for ``/health`` (or /ready)
+    unless ``wait`` is False (the caller waits on the states it needs: several routers started at once).
 
     ``control_port`` passes ``--control-port``; without it a ``control.port`` in the fleet file is
     used. ``RouterHandle.control_url`` is the control listener (or ``url`` when there is none).
@@ -83,7 +85,8 @@ def start_router(
     proc = group.start(name, args, env=env)
     url = f"http://127.0.0.1:{port}"
     control_url = f"http://127.0.0.1:{control_port}" if control_port else url
-    wait_http(control_url + ("/ready" if wait_ready else "/health"), timeout=timeout, proc=proc)
+    if wait:
+        wait_http(control_url + ("/ready" if wait_ready else "/health"), timeout=timeout, proc=proc)
     return RouterHandle(url, port, proc, journal, control_url)
 
 

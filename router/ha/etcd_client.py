@@ -9,6 +9,11 @@ Endpoints are tried in order, starting from the last one that answered; a connec
 timeout or 5xx/unavailable answer moves on to the next. When no endpoint answers,
 ``EtcdUnavailable`` is raised (with every endpoint's reason); a well-formed refusal from etcd
 (``EtcdError``) is not retried. Consensus is etcd's: this module never decides anything.
+
+Security (``EtcdSecurity``): TLS with a CA file (``https://`` endpoints; without one the system
+CAs), a client certificate and key (etcd ``--client-cert-auth``), and etcd's own authentication —
+user and password exchanged at ``/v3/auth/authenticate`` for a token sent as ``Authorization`` on
+every call (a token etcd no longer accepts is replaced once, then the call is repeated).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +64,48 @@ def parse_endpoints(raw: str | Sequence[str]) -> tuple[str, ...]:
     if not out:
         raise ValueError("no etcd endpoint given")
     return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdSecurity:
+    """TLS files and etcd credentials for the client (all optional; empty = not used)."""
+
+    cacert: str = ""  # PEM CA bundle that signed the members' certificates
+    cert: str = ""  # PEM client certificate (with ``key``)
+    key: str = ""
+    user: str = ""  # etcd user (with ``password``)
+    password: str = field(default="", repr=False)
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.cacert or self.cert)
+
+    def problems(self, endpoints: Sequence[str]) -> list[str]:
+        """What is wrong with these settings for ``endpoints`` ([] = usable); flag names in messages."""
+        out: list[str] = []
+        if bool(self.cert) != bool(self.key):
+            out.append("--etcd-cert and --etcd-key go together")
+        for flag, path in (
+            ("--etcd-cacert", self.cacert),
+            ("--etcd-cert", self.cert),
+            ("--etcd-key", self.key),
+        ):
+            if path and not os.path.isfile(path):
+                out.append(f"{flag}: {path} is not a readable file")
+        if self.tls and not all(e.startswith("https://") for e in endpoints):
+            out.append("--etcd-cacert/--etcd-cert need https:// etcd endpoints")
+        if self.user and not self.password:
+            out.append(f"etcd user {self.user!r} has no password (--etcd-password-env names the variable)")
+        return out
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The verifying context (None: httpx's default verification)."""
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=self.cacert or None)
+        if self.cert:
+            ctx.load_cert_chain(self.cert, self.key)
+        return ctx
 
 
 def b64(data: bytes) -> str:
@@ -154,12 +203,23 @@ def op_delete(key: bytes) -> dict[str, Any]:
 class EtcdClient:
     """One httpx connection pool over the configured endpoints; every call has a timeout."""
 
-    def __init__(self, endpoints: Sequence[str] | str, timeout_s: float = 1.0, retry_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str] | str,
+        timeout_s: float = 1.0,
+        retry_s: float = 0.0,
+        security: EtcdSecurity | None = None,
+    ) -> None:
         self.endpoints = parse_endpoints(endpoints)
         self.timeout_s = timeout_s
         self.retry_s = retry_s  # keep cycling the endpoints this long (a leader election takes ~1 s)
         self._first = 0  # the endpoint that answered last is tried first
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), trust_env=False)
+        self.security = security or EtcdSecurity()
+        ctx = self.security.ssl_context()
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s), trust_env=False, verify=ctx if ctx is not None else True
+        )
+        self._token = ""  # etcd auth token (with a user)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -183,14 +243,46 @@ class EtcdClient:
                     raise
             await asyncio.sleep(0.05)
 
+    async def _headers(self, url: str, limits: httpx.Timeout) -> dict[str, str]:
+        """``Authorization: <token>`` with a user (authenticating first); {} without one."""
+        sec = self.security
+        if not sec.user:
+            return {}
+        if not self._token:
+            r = await self._http.post(
+                f"{url}/v3/auth/authenticate",
+                json={"name": sec.user, "password": sec.password},
+                timeout=limits,
+            )
+            doc = _json(r)
+            if r.status_code >= 500 or _unavailable(doc):
+                raise httpx.TransportError(f"HTTP {r.status_code} {_message(doc)}")
+            if r.status_code != 200 or not doc.get("token"):
+                raise EtcdError(
+                    f"etcd authentication as {sec.user!r} refused: HTTP {r.status_code} {_message(doc)}".rstrip()
+                )
+            self._token = str(doc["token"])
+        return {"authorization": self._token}
+
+    async def _post(self, url: str, path: str, body: dict[str, Any], limits: httpx.Timeout) -> httpx.Response:
+        r = await self._http.post(
+            f"{url}/v3/{path}", json=body, timeout=limits, headers=await self._headers(url, limits)
+        )
+        if self.security.user and _auth_expired(_json(r)):
+            self._token = ""  # expired or from before a restart: a new one, once
+            r = await self._http.post(
+                f"{url}/v3/{path}", json=body, timeout=limits, headers=await self._headers(url, limits)
+            )
+        return r
+
     async def _call_once(self, path: str, body: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
         reasons: list[str] = []
         timeout = httpx.Timeout(timeout_s if timeout_s is not None else self.timeout_s)
         for url in self._order():
             try:
-                r = await self._http.post(f"{url}/v3/{path}", json=body, timeout=timeout)
-            except httpx.HTTPError as exc:
-                reasons.append(f"{url}: {type(exc).__name__}")
+                r = await self._post(url, path, body, timeout)
+            except (httpx.HTTPError, OSError) as exc:  # (an ssl.SSLError can escape httpx's mapping)
+                reasons.append(f"{url}: {_describe(exc)}")
                 continue
             doc = _json(r)
             if r.status_code >= 500 or r.status_code == 429 or _unavailable(doc):
@@ -278,11 +370,10 @@ class EtcdClient:
         reasons: list[str] = []
         for url in self._order():
             try:
+                timeout = httpx.Timeout(self.timeout_s, read=None)
+                headers = await self._headers(url, httpx.Timeout(self.timeout_s))
                 async with self._http.stream(
-                    "POST",
-                    f"{url}/v3/watch",
-                    json={"create_request": req},
-                    timeout=httpx.Timeout(self.timeout_s, read=None),
+                    "POST", f"{url}/v3/watch", json={"create_request": req}, timeout=timeout, headers=headers
                 ) as r:
                     if r.status_code != 200:
                         reasons.append(f"{url}: HTTP {r.status_code}")
@@ -293,13 +384,15 @@ class EtcdClient:
                             continue
                         doc = json.loads(line)
                         result = doc.get("result", {})
+                        if self.security.user and _auth_expired(doc):
+                            self._token = ""
                         if "error" in doc or result.get("canceled"):
                             raise EtcdError(f"etcd watch canceled: {result.get('cancel_reason') or doc}")
                         for ev in result.get("events", []):
                             yield WatchEvent(ev.get("type", "PUT"), KeyValue.from_json(ev.get("kv", {})))
                     reasons.append(f"{url}: watch stream ended")
-            except httpx.HTTPError as exc:
-                reasons.append(f"{url}: {type(exc).__name__}")
+            except (httpx.HTTPError, OSError) as exc:  # (an ssl.SSLError can escape httpx's mapping)
+                reasons.append(f"{url}: {_describe(exc)}")
         raise EtcdUnavailable(f"etcd watch unavailable ({'; '.join(reasons)})")
 
 
@@ -319,3 +412,17 @@ def _unavailable(doc: dict[str, Any]) -> bool:
     """gRPC Unavailable (14) / DeadlineExceeded (4) mapped by the gateway: try another member."""
     code = doc.get("code")
     return code in (4, 14) or "leader changed" in _message(doc) or "no leader" in _message(doc)
+
+
+def _auth_expired(doc: dict[str, Any]) -> bool:
+    """gRPC Unauthenticated (16) or etcd's "invalid auth token": authenticate again."""
+    return doc.get("code") == 16 or "invalid auth token" in _message(doc)
+
+
+def _describe(exc: Exception) -> str:
+    """The exception class, and for TLS failures why (a refused or missing certificate)."""
+    name = type(exc).__name__
+    text = str(exc)
+    if any(w in text for w in ("SSL", "certificate", "CERTIFICATE", "TLS")):
+        return f"{name}: {text[:160]}"
+    return name

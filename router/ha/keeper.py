@@ -15,8 +15,9 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from router.clock import Clock, SystemClock
 from router.ha.control import ControlState
-from router.ha.lease import Lease, LeaseError
+from router.ha.lease import Lease, LeaseError, LeaseRecord, renewed_since
 from router.ha.lease_backend import ControlLease, as_control_lease
 
 log = logging.getLogger("narwhal.ha")
@@ -33,6 +34,7 @@ class LeaseKeeper:
         renew_interval_s: float,
         epoch_floor: Callable[[], Awaitable[int]],
         on_claimed: Callable[[int], Awaitable[str]],
+        clock: Clock | None = None,
     ) -> None:
         self.lease = as_control_lease(lease)  # the file lease, or etcd (router/ha/lease_backend.py)
         self.control = control
@@ -47,6 +49,8 @@ class LeaseKeeper:
         # holder key) instead of staying fenced for good (the file lease keeps the peer rule)
         self.contends = bool(getattr(self.lease, "reclaims", False))
         self._recovered_logged = ""
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self._held_at_start: LeaseRecord | None = None  # file lease: the record being waited out
 
     async def _floor(self) -> int:
         try:
@@ -74,8 +78,15 @@ class LeaseKeeper:
         return False
 
     async def claim_at_start(self) -> bool | None:
-        """The first claim. None: not yet — the caller runs ``claim_until_held`` in the background."""
+        """The first claim. None: not yet — the caller runs ``claim_until_held`` in the background.
+
+        File lease: a record held by another holder at start may be a process that is gone (both
+        routers of a pair restarted within the TTL). It is waited out: claimed (epoch above every
+        epoch seen) once it expires unrenewed; renewed or taken by someone meanwhile, its holder is
+        alive and this router is fenced for good (the peer rule). etcd contends instead."""
         result = await self._claim()
+        if result is False and not self.contends and await self._wait_out_held():
+            result = None
         if result is False:
             self._fence(HELD_ELSEWHERE)
         elif result is None:
@@ -83,12 +94,49 @@ class LeaseKeeper:
             log.error("lease not claimed yet: %s (retrying)", self.control.failover_blocked)
         return result
 
+    async def _wait_out_held(self) -> bool:
+        """File lease, held at start: remember the record and wait for it (False: unreadable now)."""
+        try:
+            record = await self.lease.peek()
+        except LeaseError:
+            return False
+        if record is None:
+            return False
+        self._held_at_start = record
+        self._note_waiting(record)
+        return True
+
+    def _note_waiting(self, record: LeaseRecord) -> None:
+        left = max(0.0, record.expires_at - self.clock.wall())
+        self.control.failover_blocked = (
+            f"{HELD_ELSEWHERE}: waiting for its lease to expire ({left:.1f}s left; "
+            f"fenced for good if {record.holder} renews it)"
+        )
+
+    async def _still_waiting(self) -> bool:
+        """Claim lost again while waiting out a lease found held at start: True to keep waiting
+        (record unrenewed), False when its holder or a successor is alive."""
+        first = self._held_at_start
+        if first is None:
+            return False
+        try:
+            current = await self.lease.peek()
+        except LeaseError:
+            return True  # damaged or unreadable: the claim's own rules wait it out
+        if renewed_since(first, current):
+            self._held_at_start = None
+            return False
+        self._note_waiting(first)
+        return True
+
     async def claim_until_held(self, previous_epoch: int) -> bool:
         """Retry the claim until it succeeds (True) or another holder owns the lease (False)."""
         unavailable = "lease renewal failing" if previous_epoch else "lease unavailable"
         while True:
             await asyncio.sleep(self.retry_s)
             result = await self._claim(unavailable)
+            if result is False and not previous_epoch and await self._still_waiting():
+                continue
             if result is False:
                 self._fence(HELD_ELSEWHERE)
                 return await self.contend() if self.contends else False
@@ -98,7 +146,10 @@ class LeaseKeeper:
                     self._fence(why)
                     return False
                 self.control.take_control(self.lease)
-                log.warning("lease claimed again: epoch %d", self.lease.epoch)
+                if previous_epoch:
+                    log.warning("lease claimed again: epoch %d", self.lease.epoch)
+                else:  # (a lease found held at start expired unrenewed, or the store answers again)
+                    log.warning("lease claimed: epoch %d", self.lease.epoch)
                 return True
 
     async def contend(self) -> bool:
@@ -137,10 +188,12 @@ class LeaseKeeper:
         delay = self.interval_s
         while lease.owned:
             await asyncio.sleep(delay)
-            if not lease.owned:
-                return
+            if not lease.owned and not self.contends:
+                return  # the file lease was released (shutdown)
             try:
-                renewed = await lease.renew()
+                # lost between two renewals (etcd: a fenced write found the holder key deleted
+                # or replaced) is the same loss as a failed renewal: fenced, and contending
+                renewed = await lease.renew() if lease.owned else False
             except LeaseError as exc:
                 self.renewal_errors += 1
                 if lease.remaining() > 0:  # (not valid(): an unconfirmed etcd write is re-verified here)

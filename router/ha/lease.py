@@ -20,6 +20,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import math
 import os
 import time
@@ -33,6 +34,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from router.clock import Clock, SystemClock
 from router.config import check_lease_timing
+from router.ha import statefile
+
+log = logging.getLogger("narwhal.ha.lease")
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 SCHEMA: Final = "narwhal.router-lease"
@@ -186,6 +190,17 @@ def release_rule(
     return LeaseRecord.of(epoch, holder, now, now)
 
 
+def renewed_since(first: LeaseRecord, current: LeaseRecord | Unreadable | None) -> bool:
+    """A record found held at start (``first``) has since been renewed or taken by someone: its
+    holder (or a successor) is alive. A record left as it was, released (expiry moved back),
+    damaged or gone is not: its holder may be gone, so the starter waits for it to expire."""
+    if not isinstance(current, LeaseRecord):
+        return False
+    if current.holder != first.holder or current.epoch != first.epoch:
+        return True
+    return current.expires_at > first.expires_at
+
+
 # -- settings ---------------------------------------------------------------------------------------
 
 
@@ -222,6 +237,11 @@ class LeaseBackend(Protocol):
         errors raise ``LeaseError``."""
         ...
 
+    def read_floor(self) -> int:
+        """The highest epoch ever written to this store (kept apart from the record, so deleting
+        the record does not reset it); 0 when there is none. Read by ``fn`` under the lock."""
+        ...
+
 
 class FileLeaseBackend:
     """JSON lease file; ``flock(LOCK_EX)`` on ``<path>.lock`` around every read-modify-write."""
@@ -229,6 +249,11 @@ class FileLeaseBackend:
     def __init__(self, path: str | Path, lock_timeout_s: float = 1.0) -> None:
         self.path = Path(path)
         self.lock_path = Path(str(self.path) + ".lock")
+        # the epoch floor: the highest epoch ever claimed here, written (fsync'd) before the record
+        # of every claim that raises it, so deleting the record (and the shared handoff) does not
+        # let the next claim reuse an epoch
+        self.floor_path = Path(str(self.path) + ".epoch")
+        self._floor = -1  # the floor as read in the current update (-1: not yet)
         # Bounded: a peer stopped (SIGSTOP) inside its critical section must not wedge us.
         self.lock_timeout_s = lock_timeout_s
 
@@ -263,8 +288,11 @@ class FileLeaseBackend:
         try:
             self._lock(lock_fd)
             try:
+                self._floor = -1  # read at most once per update (``read_floor``)
                 new = fn(self._current())
                 if new is not None:
+                    if new.epoch > self.read_floor():
+                        self._write_floor(new.epoch)
                     self._write(new)
                 return new
             finally:
@@ -272,6 +300,29 @@ class FileLeaseBackend:
                     fcntl.flock(lock_fd, fcntl.LOCK_UN)
         finally:
             os.close(lock_fd)
+
+    def read_floor(self) -> int:
+        if self._floor >= 0:
+            return self._floor
+        raw, kind, detail = statefile.read_raw(self.floor_path)
+        floor = 0
+        if raw is not None:
+            text = raw.decode("ascii", errors="replace").strip()
+            if text.isdigit():
+                floor = int(text)
+            else:  # torn or foreign: the record and the handoffs still count; rewritten at the next claim
+                log.warning("lease epoch floor %s unreadable (%r): ignored", self.floor_path, text[:40])
+        elif kind != "missing":
+            log.warning("lease epoch floor unreadable: %s", detail)
+        self._floor = floor
+        return floor
+
+    def _write_floor(self, epoch: int) -> None:
+        try:
+            statefile.write_bytes(self.floor_path, f"{epoch}\n".encode())
+            self._floor = epoch
+        except OSError as exc:  # (a full disk must not cost a claim: the record carries the epoch)
+            log.warning("cannot write lease epoch floor %s: %s", self.floor_path, exc)
 
     def _lock(self, fd: int) -> None:
         give_up = time.monotonic() + self.lock_timeout_s
@@ -397,7 +448,7 @@ class Lease:
         def fn(cur: LeaseRecord | Unreadable | None) -> LeaseRecord | None:
             seen["cur"] = cur
             self.observe(cur, now)
-            top = max(floor, self.max_epoch_seen)
+            top = max(floor, self.max_epoch_seen, self.backend.read_floor())
             wait = self.other_expiry_seen
             if isinstance(cur, Unreadable) and self.damaged_since is not None:
                 wait = max(wait, self.damaged_since + ttl)

@@ -165,7 +165,9 @@ def build_backend(
     """The configured lease, its shared handoff store and (etcd) the client to close at shutdown."""
     etcd = settings.etcd_settings()
     if etcd is not None:
-        client = EtcdClient(settings.etcd_endpoints, timeout_s=etcd_timeout(settings))
+        client = EtcdClient(
+            settings.etcd_endpoints, timeout_s=etcd_timeout(settings), security=settings.etcd_security()
+        )
         lease = EtcdLease(etcd, client, clock=clock)
         return lease, EtcdHandoffStore(lease), client
     file_settings = settings.lease_settings()

@@ -125,7 +125,12 @@ class HAService:
         core.control.lease = self.lease  # unowned until claimed: no control before start()
         self.keeper = (
             LeaseKeeper(
-                self.lease, core.control, settings.lease_renew_interval_s, self._epoch_floor, self._claimed
+                self.lease,
+                core.control,
+                settings.lease_renew_interval_s,
+                self._epoch_floor,
+                self._claimed,
+                clock=core.clock,
             )
             if self.lease is not None
             else None
@@ -170,17 +175,23 @@ class HAService:
             assert self.lease is not None
             log.info("lease claimed: epoch %d holder %s", self.lease.epoch, self.lease.holder)
         await self._claimed(0)
-        self._start_loops()
+        await self._controlling()
 
     async def _claim_later(self) -> None:
         assert self.keeper is not None
         if await self.keeper.claim_until_held(0):
-            self._start_loops()
+            await self._controlling()
 
     async def _contend_later(self) -> None:
         assert self.keeper is not None
         if await self.keeper.contend():
-            self._start_loops()
+            await self._controlling()
+
+    async def _controlling(self) -> None:
+        """Control begins: the claimed epoch is written at once (shared copy and this router's own
+        state file, the epoch floor that survives a deleted lease directory), then the loops."""
+        await self.write_handoff()
+        self._start_loops()
 
     async def _claimed(self, previous_epoch: int) -> str:
         """After a claim: ``--resume`` at start; after a re-claim, a newer handoff written meanwhile

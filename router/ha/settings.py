@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import socket
 from dataclasses import dataclass
 
 from router.config import FleetConfig, check_lease_timing
-from router.ha.etcd_client import parse_endpoints
+from router.ha.etcd_client import EtcdSecurity, parse_endpoints
 from router.ha.etcd_lease import EtcdLeaseSettings, check_prefix, default_prefix
 from router.ha.lease import LeaseSettings
 
@@ -34,6 +35,11 @@ class HARuntime:
     lease_path: str = ""
     etcd_endpoints: str = ""  # comma-separated http(s)://host:port; selects the etcd backend
     etcd_prefix: str = ""  # default /narwhal/<model>/
+    etcd_cacert: str = ""  # TLS: CA bundle (https:// endpoints)
+    etcd_cert: str = ""  # TLS client certificate (etcd --client-cert-auth), with etcd_key
+    etcd_key: str = ""
+    etcd_user: str = ""  # etcd authentication, password from the variable etcd_password_env
+    etcd_password_env: str = ""
     model: str = ""
     router_id: str = ""
     lease_ttl_s: float = 5.0
@@ -69,6 +75,23 @@ class HARuntime:
                 check_prefix(self.etcd_prefix)
             except ValueError as exc:
                 raise ValueError(f"--etcd-prefix: {exc}") from None
+        secured = [
+            f
+            for f in ("etcd_cacert", "etcd_cert", "etcd_key", "etcd_user", "etcd_password_env")
+            if getattr(self, f)
+        ]
+        if secured and not self.etcd_endpoints:
+            raise ValueError(f"--{secured[0].replace('_', '-')} requires --etcd-endpoints")
+        if self.etcd_password_env and not self.etcd_user:
+            raise ValueError("--etcd-password-env requires --etcd-user")
+        if self.etcd_user and not self.etcd_password_env:
+            raise ValueError("--etcd-user requires --etcd-password-env (the variable holding the password)")
+        if self.etcd_password_env and not os.environ.get(self.etcd_password_env):
+            raise ValueError(f"--etcd-password-env: environment variable {self.etcd_password_env} is not set")
+        if self.etcd_endpoints:
+            problems = self.etcd_security().problems(parse_endpoints(self.etcd_endpoints))
+            if problems:
+                raise ValueError("; ".join(problems))
         if self.standby_of and not self.has_lease:
             raise ValueError("--standby-of requires --lease-path or --etcd-endpoints")
         if self.has_lease and not self.router_id:
@@ -101,6 +124,11 @@ class HARuntime:
             safety_margin_s=self.lease_safety_margin_s,
         )
 
+    def etcd_security(self) -> EtcdSecurity:
+        """TLS files and credentials for the etcd client (the password read from its variable)."""
+        password = os.environ.get(self.etcd_password_env, "") if self.etcd_password_env else ""
+        return EtcdSecurity(self.etcd_cacert, self.etcd_cert, self.etcd_key, self.etcd_user, password)
+
     def lease_settings(self) -> LeaseSettings | None:
         if not self.lease_path:
             return None
@@ -121,6 +149,11 @@ def from_config(config: FleetConfig, port: int = 8000, **overrides: object) -> H
         "lease_path": ha.lease_path,
         "etcd_endpoints": ha.etcd_endpoints,
         "etcd_prefix": ha.etcd_prefix,
+        "etcd_cacert": ha.etcd_cacert,
+        "etcd_cert": ha.etcd_cert,
+        "etcd_key": ha.etcd_key,
+        "etcd_user": ha.etcd_user,
+        "etcd_password_env": ha.etcd_password_env,
         "model": config.model,
         "router_id": ha.router_id or f"{socket.gethostname()}:{port}",
         "lease_ttl_s": ha.lease_ttl_s,
@@ -148,6 +181,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--etcd-prefix", default=None, metavar="PREFIX", help="etcd key prefix (default /narwhal/<model>/)"
     )
+    g.add_argument(
+        "--etcd-cacert", default=None, metavar="FILE", help="CA bundle for https:// etcd endpoints"
+    )
+    g.add_argument("--etcd-cert", default=None, metavar="FILE", help="TLS client certificate for etcd")
+    g.add_argument("--etcd-key", default=None, metavar="FILE", help="key of --etcd-cert")
+    g.add_argument("--etcd-user", default=None, help="etcd user (authentication; with --etcd-password-env)")
+    g.add_argument(
+        "--etcd-password-env",
+        default=None,
+        metavar="VAR",
+        help="environment variable holding the etcd password",
+    )
     g.add_argument("--router-id", default=None, help="lease holder prefix (default <hostname>:<port>)")
     g.add_argument("--lease-ttl", type=float, default=None, help="lease TTL seconds (default 5)")
     g.add_argument("--lease-renew-interval", type=float, default=None, help="renewal period (default 1)")
@@ -162,12 +207,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+ETCD_SECURITY_FIELDS = ("etcd_cacert", "etcd_cert", "etcd_key", "etcd_user", "etcd_password_env")
+
 # RouterOptions field (= argparse dest) for each flag; the same names on any options object
 OPTION_FIELDS: tuple[str, ...] = (
     "resume",
     "lease_path",
     "etcd_endpoints",
     "etcd_prefix",
+    "etcd_cacert",
+    "etcd_cert",
+    "etcd_key",
+    "etcd_user",
+    "etcd_password_env",
     "router_id",
     "lease_ttl",
     "lease_renew_interval",
@@ -206,6 +258,7 @@ def from_options(config: FleetConfig, options: object, port: int = 8000) -> HARu
         "lease_path": getattr(options, "lease_path", None),
         "etcd_endpoints": getattr(options, "etcd_endpoints", None),
         "etcd_prefix": getattr(options, "etcd_prefix", None),
+        **{f: getattr(options, f, None) for f in ETCD_SECURITY_FIELDS},
         "router_id": getattr(options, "router_id", None),
         "standby_of": getattr(options, "standby_of", None),
         "standby_takeover_after": getattr(options, "standby_takeover_after", None),

@@ -72,6 +72,25 @@ def freshest(polled: Handoff | None, shared: Handoff | None) -> Handoff | None:
     return polled
 
 
+def takeover_handoff(
+    polled: Handoff | None, durable: Handoff | None, now: float, max_age_s: float
+) -> Handoff | None:
+    """The handoff a takeover may use (None: "no fresh handoff").
+
+    The freshness rule (``max_age_s``, ``ha.standby_max_handoff_age_s``) is for polled snapshots
+    (and the standby's own mirror of one): an old poll may miss acknowledged changes. The durable
+    copy (the shared file or etcd key) is written before every acknowledgement, so it is used
+    however long ago it was written — a primary that could not write for a while (frozen, a
+    read-only lease directory) acknowledged nothing meanwhile. With a durable copy the newest of
+    the two is used (``freshest``)."""
+    chosen = freshest(polled, durable)
+    if chosen is None:
+        return None
+    if durable is None and now - chosen.at > max_age_s:
+        return None
+    return chosen
+
+
 def control_headers(core: RouterCore) -> dict[str, str]:
     """The pair shares one fleet file: poll the primary with the fleet's control token, if any
     (with ``control.protect_reads`` the primary's /narwhal/handoff requires it)."""
@@ -198,10 +217,11 @@ class StandbyLoop:
 
     async def _attempt_takeover(self) -> bool:
         control, clock = self.core.control, self.core.clock
-        doc = self.doc = await self._freshest()
-        if doc is None or clock.wall() - doc.at > self.settings.standby_max_handoff_age_s:
+        doc = await self._freshest()
+        if doc is None:
             control.failover_blocked = "no fresh handoff"
             return False
+        self.doc = doc
         try:  # epochs never go backwards: above the record's and every handoff's epoch
             claimed = await self.lease.claim(max(doc.epoch, self._shared_epoch))
         except LeaseError as exc:
@@ -244,20 +264,22 @@ class StandbyLoop:
         return True
 
     async def _freshest(self) -> Handoff | None:
-        """Before claiming: prefer the holder's shared handoff when it is newer than the last poll."""
+        """Before claiming: prefer the holder's shared handoff when it is newer than the last poll;
+        ``takeover_handoff`` decides whether the result may be used (freshness rules for polls)."""
         shared: Handoff | None = None
+        now, max_age = self.core.clock.wall(), self.settings.standby_max_handoff_age_s
         if self.shared is not None:
             try:
                 found = await self.shared.read()
             except (HandoffError, OSError) as exc:
                 log.warning("standby: shared handoff unusable, keeping the polled one: %s", exc)
-                return self.doc
+                return takeover_handoff(self.doc, None, now, max_age)
             self._shared_damage = found.reason if found.kind not in ("ok", "missing") else ""
             if self._shared_damage:
                 log.warning("standby: shared handoff unusable (%s), keeping the polled one", found.reason)
             shared = found.doc
             self._shared_epoch = max(self._shared_epoch, shared.epoch if shared is not None else 0)
-        chosen = freshest(self.doc, shared)
+        chosen = takeover_handoff(self.doc, shared, now, max_age)
         if chosen is not self.doc and chosen is not None:
             log.info("standby: taking over with the holder's shared handoff (at %.3f)", chosen.at)
         return chosen

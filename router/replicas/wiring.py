@@ -73,7 +73,8 @@ def replica_components(
         return []
     if lifecycle is None:
         raise ValueError("active-active mode needs the lifecycle component")
-    client = EtcdClient(endpoints, timeout_s=1.0, retry_s=0.0)
+    security = ha.settings.etcd_security() if ha is not None else None  # the HA backend's TLS/auth
+    client = EtcdClient(endpoints, timeout_s=1.0, retry_s=0.0, security=security)
     service = ReplicaService(core, lifecycle, client, settings)
     service.on_start.append(lambda: adapt_prober(service, prober))  # after the monitor set its validator
     if ha is not None:

@@ -16,7 +16,18 @@ import pytest
 
 from tests.support import durability
 from tests.support.fleet import start_sims
-from tests.support.ha import LEASE_TTL_S, ha_router, start_pair
+from tests.support.ha import (
+    LEASE_TTL_S,
+    STANDBY,
+    controls,
+    drain,
+    epoch_of,
+    ha_router,
+    held,
+    ready,
+    start_pair,
+    wait_controls,
+)
 from tests.support.procs import proc_group
 from tests.support.smallfs import SmallFs, small_tmpfs
 from tests.support.waits import wait_for
@@ -142,3 +153,41 @@ def _updated_at(lease_path: Path) -> float:
         return float(json.loads(lease_path.read_text())["updated_at"])
     except (ValueError, KeyError, OSError):
         return 0.0
+
+
+def test_read_only_lease_directory_past_the_max_handoff_age_then_holder_killed_standby_takes_over(
+    tmp_path: Path, fs: SmallFs
+) -> None:
+    """The lease directory read-only for longer than ``standby_max_handoff_age_s`` (no claim, no
+    renewal, no shared write: nothing is acknowledged meanwhile), the holder killed, the directory
+    writable again: the standby takes over from the durable shared handoff, however old, with every
+    acknowledged change."""
+    lease_path = fs.path / "router.lease"
+    shared = fs.path / "router.lease.handoff.json"
+    with proc_group(tmp_path) as group:
+        sims = start_sims(group, 3, itl_ms=2)
+        a, b = start_pair(group, tmp_path, sims, lease_path=lease_path)
+        assert drain(a, "e0").status_code == 200
+        fs.read_only()
+        try:
+            a.proc.kill9()
+            wait_for(
+                "the standby cannot claim",
+                lambda: "Read-only file system" in str(ready(b)[1].get("reason", "")),
+                timeout=60,
+            )
+            # past the max age since the standby's last good poll (mirrored into its state file)
+            # and since the last shared write
+            polled = json.loads((tmp_path / "b.state.json").read_text())["at"]
+            last = max(polled, json.loads(shared.read_text())["at"])
+            max_age = float(STANDBY[STANDBY.index("--standby-max-handoff-age") + 1])
+            wait_for(
+                "every handoff is older than the max age",
+                lambda: time.time() - last > max_age + 1,
+                timeout=60,
+            )
+            assert not controls(b)
+        finally:
+            fs.read_write()
+        wait_controls(b, timeout=60)
+        assert epoch_of(b) == 2 and held(b, "e0")

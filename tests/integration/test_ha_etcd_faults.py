@@ -90,3 +90,34 @@ def test_partition_between_the_primary_and_etcd_behaves_like_a_kill(
             timeout=60,
         )
         assert controls(b) and not controls(a)
+
+
+def test_deleted_holder_key_leaves_every_router_contending(
+    tmp_path: Path, private_etcd: EtcdCluster, etcd_prefix: str
+) -> None:
+    """``etcdctl del <prefix>holder`` under a live holder: the old holder loses the lease (its next
+    fenced write or renewal finds the key gone) and keeps contending, as documented; whoever
+    claims next (epoch 2) keeps the drain, and when that router dies the other one takes control."""
+    eps = private_etcd.endpoints
+    with proc_group(tmp_path) as group:
+        _, a, b = etcd_pair_holding_e0(group, tmp_path, eps, etcd_prefix)
+        assert private_etcd.delete(etcd_prefix + "holder") == 1
+        first = wait_for(
+            "a router controls at epoch 2",
+            lambda: next((r for r in (a, b) if controls(r) and epoch_of(r) == 2), None),
+            timeout=60,
+        )
+        other = b if first is a else a
+        assert held(first, "e0")
+        assert not controls(other)
+        # the other one (the old holder, or the standby it beat) is still a contender
+        reason = ready(other)[1].get("reason")
+        assert reason in ("lease held by another router", "lease renewal failed", "shadowing"), reason
+        first.proc.kill9()
+        died = time.monotonic()
+        wait_controls(other, timeout=60)
+        took = time.monotonic() - died
+        assert epoch_of(other) == 3 and held(other, "e0")
+        print(
+            f"controlled again {took:.1f}s after the next holder's death (TTL {TTL_PLUS_MARGIN - 0.5:.0f}s)"
+        )

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import queue
 import re
 from pathlib import Path
 
-from router.journal import Journal, new_run_id, source_digest
+import pytest
+
+from router.journal import Journal, JournalRefused, new_run_id, source_digest
 
 
 def test_run_id_format() -> None:
@@ -70,3 +73,25 @@ async def test_rows_appended_on_a_loop_reach_the_writer_in_one_batch(tmp_path: P
     journal.close()
     rows = [json.loads(line) for line in (tmp_path / "j.jsonl").read_text().splitlines()]
     assert [r.get("i") for r in rows[1:101]] == list(range(100)) and rows[-1]["event"] == "late"
+
+
+def test_a_planted_symlink_or_fifo_is_refused_and_nothing_outside_is_written(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim"
+    victim.write_bytes(b"untouched\n")
+    link = tmp_path / "state" / "journal.jsonl"
+    link.parent.mkdir()
+    link.symlink_to(victim)
+    with pytest.raises(JournalRefused, match="symbolic link"):
+        Journal(link).open()
+    dangling = tmp_path / "state" / "dangling.jsonl"
+    dangling.symlink_to(outside / "created-through-the-link")
+    with pytest.raises(JournalRefused, match="symbolic link"):
+        Journal(dangling).open()
+    fifo = tmp_path / "state" / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError):  # no reader: refused instead of blocking the start-up
+        Journal(fifo).open()
+    assert sorted(p.name for p in outside.iterdir()) == ["victim"]
+    assert victim.read_bytes() == b"untouched\n"

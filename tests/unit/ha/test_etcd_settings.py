@@ -13,6 +13,7 @@ from router.cli import main
 from router.config import parse_fleet
 from router.ha.etcd_lease import EtcdLease, default_prefix
 from router.ha.service import HAService
+from router.ha.settings import from_options
 
 
 def _fleet(tmp_path: Path, **ha: object) -> Path:
@@ -48,6 +49,34 @@ def _fleet(tmp_path: Path, **ha: object) -> Path:
             "--etcd-prefix: etcd prefix",
         ),
         (["--etcd-prefix", "/n/"], "--etcd-prefix requires --etcd-endpoints"),
+        (["--etcd-cacert", "ca.pem"], "--etcd-cacert requires --etcd-endpoints"),
+        (
+            ["--etcd-endpoints", "https://127.0.0.1:2379", "--etcd-cacert", "/nonexistent/ca.pem"],
+            "--etcd-cacert: /nonexistent/ca.pem is not a readable file",
+        ),
+        (
+            ["--etcd-endpoints", "https://127.0.0.1:2379", "--etcd-cert", "/nonexistent/c.pem"],
+            "--etcd-cert and --etcd-key go together",
+        ),
+        (
+            ["--etcd-endpoints", "http://127.0.0.1:2379", "--etcd-cacert", __file__],
+            "--etcd-cacert/--etcd-cert need https:// etcd endpoints",
+        ),
+        (
+            ["--etcd-endpoints", "http://127.0.0.1:2379", "--etcd-user", "root"],
+            "--etcd-user requires --etcd-password-env",
+        ),
+        (
+            [
+                "--etcd-endpoints",
+                "http://127.0.0.1:2379",
+                "--etcd-user",
+                "root",
+                "--etcd-password-env",
+                "NARWHAL_UNSET_PW",
+            ],
+            "--etcd-password-env: environment variable NARWHAL_UNSET_PW is not set",
+        ),
     ],
 )
 def test_bad_etcd_flags_exit_2_naming_the_flag(
@@ -79,3 +108,22 @@ def test_etcd_settings_from_the_fleet_file_and_flags(tmp_path: Path) -> None:
     lease = assemble(cfg, opts).ha.lease
     assert isinstance(lease, EtcdLease) and lease.holder_key == b"/x/y/holder"
     assert lease.client.endpoints == ("http://127.0.0.1:1", "http://127.0.0.1:2")
+
+
+def test_etcd_tls_and_auth_from_the_fleet_file_reach_the_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NARWHAL_TEST_PW", "s3cr3t-value")
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not read until the client connects\n")
+    fleet = _fleet(
+        tmp_path,
+        etcd_endpoints="https://127.0.0.1:2379",
+        etcd_user="narwhal",
+        etcd_password_env="NARWHAL_TEST_PW",
+    )
+    cfg = parse_fleet(json.loads(fleet.read_text()))
+    runtime = from_options(cfg, RouterOptions(router_id="r1", etcd_cacert=str(ca)))
+    sec = runtime.etcd_security()
+    assert (sec.cacert, sec.user, sec.password) == (str(ca), "narwhal", "s3cr3t-value")
+    assert "s3cr3t-value" not in repr(sec)  # never in a log line or a traceback

@@ -198,7 +198,11 @@ def test_failed_renewal_keeps_old_deadline_and_leaves_no_temp_files(
         a.renew()
     assert a.owned and a.deadline == deadline
     assert path.read_bytes() == before
-    assert sorted(p.name for p in path.parent.iterdir()) == ["router.lease", "router.lease.lock"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        "router.lease",
+        "router.lease.epoch",
+        "router.lease.lock",
+    ]
 
 
 def test_full_disk_renewal_rewrites_the_record_in_place(
@@ -214,7 +218,11 @@ def test_full_disk_renewal_rewrites_the_record_in_place(
     monkeypatch.setattr(os, "replace", full)
     assert a.renew() and a.valid()  # the lease survives a full disk
     assert FileLeaseBackend(path).read() == LeaseRecord.of(1, "a:1", clock.wall() + TTL, clock.wall())
-    assert sorted(p.name for p in path.parent.iterdir()) == ["router.lease", "router.lease.lock"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        "router.lease",
+        "router.lease.epoch",
+        "router.lease.lock",
+    ]
 
 
 def test_release_expires_own_epoch(path: Path, clock: FakeClock) -> None:
@@ -341,7 +349,11 @@ def test_claim_write_failure_raises_and_keeps_previous_bytes(
     with pytest.raises(LeaseError, match=r"^cannot claim"):
         b.claim()
     assert not b.owned and path.read_bytes() == before
-    assert sorted(p.name for p in path.parent.iterdir()) == ["router.lease", "router.lease.lock"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        "router.lease",
+        "router.lease.epoch",
+        "router.lease.lock",
+    ]
 
 
 def test_release_write_failure_still_drops_validity(
@@ -420,3 +432,38 @@ def test_a_malformed_record_is_refused_naming_the_field(change: dict[str, object
     missing = {k: v for k, v in doc.items() if k != "schema"}
     with pytest.raises(LeaseError, match="schema: Field required"):
         record_from_doc(missing)
+
+
+def test_the_epoch_floor_outlives_a_deleted_record(path: Path, clock: FakeClock) -> None:
+    """Every claim that raises the epoch writes ``<lease>.epoch`` first; a claim on a deleted
+    record (by a router that never saw the last epoch) still goes above it."""
+    floor = Path(str(path) + ".epoch")
+    a = _lease(path, clock, "a:1")
+    assert a.claim() and a.epoch == 1 and floor.read_text() == "1\n"
+    clock.advance(TTL + 1)
+    b = _lease(path, clock, "b:2")
+    assert b.claim() and b.epoch == 2 and floor.read_text() == "2\n"
+    assert b.renew() and floor.read_text() == "2\n"  # renewals do not write it
+    path.unlink()
+    clock.advance(TTL + 1)
+    fresh = _lease(path, clock, "a:3")  # a new process: it saw epochs 1 only in its own files
+    assert fresh.claim(floor=1) and fresh.epoch == 3
+    assert floor.read_text() == "3\n" and _doc(path)["epoch"] == 3
+
+
+def test_a_damaged_or_planted_epoch_floor_is_ignored_and_never_followed(
+    path: Path, clock: FakeClock, tmp_path: Path
+) -> None:
+    floor = Path(str(path) + ".epoch")
+    path.parent.mkdir(parents=True)
+    floor.write_text("garbage")
+    a = _lease(path, clock, "a:1")
+    assert a.claim(floor=4) and a.epoch == 5 and floor.read_text() == "5\n"  # rewritten
+    floor.unlink()
+    victim = tmp_path / "victim"
+    victim.write_text("7\n")
+    floor.symlink_to(victim)
+    clock.advance(TTL + 1)
+    b = _lease(path, clock, "b:2")
+    assert b.claim() and b.epoch == 6  # the link is not read (7 would give 8) nor written through
+    assert victim.read_text() == "7\n" and floor.is_symlink()

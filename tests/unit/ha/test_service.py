@@ -20,7 +20,7 @@ from router.ha.lease import Lease, LeaseError, LeaseSettings
 from router.ha.lease_backend import FileLease
 from router.ha.service import HAService
 from router.ha.settings import HARuntime
-from router.ha.standby import StandbyLoop, judge_probe
+from router.ha.standby import StandbyLoop, judge_probe, takeover_handoff
 from tests.unit.ha.helpers import HACore, core, fixture, fleet, machine
 
 FAST = {"lease_ttl_s": 1.0, "lease_renew_interval_s": 0.2, "lease_safety_margin_s": 0.1}
@@ -86,31 +86,74 @@ async def test_router_without_lease_controls_and_persists(tmp_path: Path, clock:
     assert _load(ha.settings.state_path)["holder"] == ""
 
 
-async def test_router_losing_the_claim_is_fenced_for_good(tmp_path: Path, clock: FakeClock) -> None:
+async def _until(what: str, cond: Any, within_s: float = 10.0) -> None:
+    """Let the background claim task run (it sleeps for real between tries) until ``cond()``."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + within_s
+    while not cond():
+        assert loop.time() < give_up, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def test_router_finding_the_lease_renewed_by_its_holder_is_fenced_for_good(
+    tmp_path: Path, clock: FakeClock
+) -> None:
     other = _lease(tmp_path, clock)
     assert other.claim()
     c = core(clock=clock)
     ha = _service(tmp_path, c)
     await ha.start()
     assert not c.controls_fleet()
-    assert c.control.failover_blocked == "lease held by another router"
+    assert c.control.failover_blocked.startswith("lease held by another router: waiting for its lease")
+    assert f"fenced for good if {other.holder} renews it" in c.control.failover_blocked
+    clock.advance(0.1)
+    assert other.renew()  # the holder is alive
+    await _until("fenced", lambda: c.control.failover_blocked == "lease held by another router")
     assert c.health_status() == "fenced" and c.ready_reason() == "lease held by another router"
     assert c.prefill_hold_reason() == "lease held by another router"
     other.release()
+    clock.advance(5.0)
+    await asyncio.sleep(0.2)
     assert not c.controls_fleet()  # never re-claims
     assert await ha.persist() is False
     await ha.stop()
     assert not _exists(ha.settings.state_path)
 
 
+async def test_router_finding_the_lease_of_a_gone_holder_waits_and_claims_above_it(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Both routers restarted within the TTL: the record of the old process is waited out (it is
+    never renewed) and claimed at a higher epoch, then ``--resume`` applies the newest state."""
+    other = _lease(tmp_path, clock)
+    assert other.claim() and other.epoch == 1
+    newest = fixture("handoff_after_resume.json") | {"epoch": 1, "holder": other.holder, "at": clock.wall()}
+    statefile.write(tmp_path / "router.lease.handoff.json", validate(newest))  # its durable copy
+    c = core(clock=clock)
+    ha = _service(tmp_path, c, resume=True)
+    await ha.start()
+    assert not c.controls_fleet() and "waiting for its lease to expire" in c.control.failover_blocked
+    clock.advance(0.5)
+    await asyncio.sleep(0.2)
+    assert not c.controls_fleet()  # not before it expired
+    clock.advance(1.0)  # past the old record's expiry, never renewed
+    await _until("claimed", c.controls_fleet)
+    assert c.control.epoch == 2 and c.control.failover_blocked == ""
+    assert ha.resume_result is not None and ha.resume_result[0], ha.resume_result
+    assert "e2" in c.scheduler.draining and c.counters.values["served"] == 20
+    await ha.stop()
+
+
 async def test_lease_expired_during_cleanup_means_no_final_write(tmp_path: Path, clock: FakeClock) -> None:
     c = core(clock=clock)
     ha = _service(tmp_path, c)
     await ha.start()
+    assert _load(ha.settings.state_path)["epoch"] == 1  # the claimed epoch, written at once
+    c.counters.finish("served")
     await ha._on_shutdown(None)  # type: ignore[arg-type]
     clock.advance(0.95)  # past ttl − margin: locally invalid
     await ha.stop()
-    assert not _exists(ha.settings.state_path)
+    assert _load(ha.settings.state_path)["counters"]["served"] == 0  # no final write
 
 
 async def _drive_renewal(
@@ -489,3 +532,17 @@ async def test_standby_tasks_end_cleanly(tmp_path: Path, clock: FakeClock) -> No
     _, ha = await _standby(tmp_path, clock, None)
     await asyncio.sleep(0)
     await ha.stop()
+
+
+def test_takeover_handoff_ages_out_polls_but_never_the_durable_copy() -> None:
+    now = 1_800_000_100.0
+    base = fixture("handoff_initial.json")
+    old_poll = validate(base | {"epoch": 1, "holder": "router-a:1", "at": now - 60})
+    fresh_poll = validate(base | {"epoch": 1, "holder": "router-a:1", "at": now - 1})
+    durable = validate(base | {"epoch": 1, "holder": "router-a:1", "at": now - 50})
+    assert takeover_handoff(old_poll, None, now, 30.0) is None  # "no fresh handoff"
+    assert takeover_handoff(fresh_poll, None, now, 30.0) is fresh_poll
+    assert takeover_handoff(None, durable, now, 30.0) is durable  # written before every acknowledgement
+    assert takeover_handoff(old_poll, durable, now, 30.0) is durable  # the newer of the two
+    assert takeover_handoff(fresh_poll, durable, now, 30.0) is fresh_poll
+    assert takeover_handoff(None, None, now, 30.0) is None

@@ -1,0 +1,3 @@
+"""Re-export of ``fleet.testing.etcd_tls``."""
+
+from fleet.testing.etcd_tls import *  # noqa: F403
