@@ -111,13 +111,14 @@ def test_deleted_holder_key_leaves_every_router_contending(
         assert held(first, "e0")
         assert not controls(other)
         # the other one (the old holder, or the standby it beat) is still a contender
-        reason = ready(other)[1].get("reason")
-        assert reason in ("lease held by another router", "lease renewal failed", "shadowing"), reason
+        # (it may show "lease expired" until its next claim attempt meets the new holder's key)
+        contending = ("lease held by another router", "lease renewal failed", "shadowing")
+        wait_for("the other contends", lambda: ready(other)[1].get("reason") in contending, timeout=60)
         first.proc.kill9()
         died = time.monotonic()
         wait_controls(other, timeout=60)
         took = time.monotonic() - died
+        ttl = TTL_PLUS_MARGIN - 0.5
+        assert took <= ttl + 5, f"controlled again {took:.1f}s after the holder's death: over TTL + 5 s"
         assert epoch_of(other) == 3 and held(other, "e0")
-        print(
-            f"controlled again {took:.1f}s after the next holder's death (TTL {TTL_PLUS_MARGIN - 0.5:.0f}s)"
-        )
+        print(f"controlled again {took:.1f}s after the next holder's death (TTL {ttl:.0f}s)")
