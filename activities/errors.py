@@ -18,6 +18,7 @@ ENGINE_NOT_FOUND = "EngineNotFound"  # the supervisor does not know the engine (
 SUPERVISOR_UNAVAILABLE = "SupervisorUnavailable"  # supervisor API unreachable (retryable)
 RESTART_COMMAND_FAILED = "RestartCommandFailed"  # the command backend exited non-zero (non-retryable)
 LAUNCH_NOT_RECORDED = "LaunchNotRecorded"  # the launch could not be reported: nothing ran (retry)
+PREFLIGHT_FAILED = "PreflightFailed"  # the worker's own checks before a run drains anything
 
 NON_RETRYABLE: tuple[str, ...] = (
     VALIDATION_FAILED,
@@ -25,6 +26,7 @@ NON_RETRYABLE: tuple[str, ...] = (
     UNAUTHORIZED,
     ENGINE_NOT_FOUND,
     RESTART_COMMAND_FAILED,
+    PREFLIGHT_FAILED,
 )
 
 
@@ -46,3 +48,7 @@ def router_unavailable(message: str) -> ApplicationError:
 
 def unauthorized(message: str) -> ApplicationError:
     return ApplicationError(message, type=UNAUTHORIZED, non_retryable=True)
+
+
+def preflight_failed(message: str) -> ApplicationError:
+    return ApplicationError(message, type=PREFLIGHT_FAILED, non_retryable=True)

@@ -25,7 +25,8 @@ from workflows.models import (
     SupervisorRef,
     Timing,
 )
-from workflows.restart import EngineRestart, RollingRestart, WaveRestart
+from workflows.outcome import final_result
+from workflows.restart import EngineRestart, FleetLock, RollingRestart, WaveRestart
 
 
 @asynccontextmanager
@@ -34,7 +35,7 @@ async def running(env: WorkflowEnvironment, fleet: FakeFleet) -> AsyncIterator[s
     async with Worker(
         env.client,
         task_queue=tq,
-        workflows=[EngineRestart, RollingRestart, WaveRestart],
+        workflows=[EngineRestart, RollingRestart, WaveRestart, FleetLock],
         activities=fleet.activities(),
     ):
         yield tq
@@ -56,7 +57,7 @@ async def start(env: WorkflowEnvironment, tq: str, p: RestartPlan) -> WorkflowHa
 
 
 async def done(handle: WorkflowHandle[Any, RestartResult]) -> RestartResult:
-    return await asyncio.wait_for(handle.result(), 30)
+    return await asyncio.wait_for(final_result(handle), 30)
 
 
 def order(fleet: FakeFleet, verb: str) -> list[str]:
@@ -217,7 +218,7 @@ async def test_wave_restart_repeats_drain_after_capture_failure(ts_env: Workflow
     async with running(ts_env, fleet) as tq:
         res = await done(await start(ts_env, tq, plan(mode="wave")))
     assert res.ok and res.mode == "wave"
-    assert fleet.calls[:3] == ["drain e0,e1,e2 wave", "start e2", "drain e0,e1,e2 wave"]
+    assert fleet.calls[:4] == ["preflight", "drain e0,e1,e2 wave", "start e2", "drain e0,e1,e2 wave"]
     assert sorted(order(fleet, "restart")) == ["e0", "e1", "e2"]
     assert "readmit e0,e1,e2" in fleet.calls and "confirm e0,e1,e2 ready=True" in fleet.calls
     assert all(e.restarts == 1 for e in fleet.engines.values())
