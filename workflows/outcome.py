@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from temporalio.client import WorkflowFailureError, WorkflowHandle
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, FailureError
 
 from workflows.models import RestartResult
 
@@ -25,9 +25,9 @@ def failure_result(exc: WorkflowFailureError) -> RestartResult | None:
 
 def failure_line(exc: WorkflowFailureError) -> str:
     """One line: the failure's own message (``preflight: …``, ``aborted by …``), never a traceback."""
-    cause: BaseException | None = exc.cause
-    while cause is not None and not str(cause) and cause.__cause__ is not None:
-        cause = cause.__cause__
+    cause = exc.cause
+    if isinstance(cause, FailureError) and cause.message:
+        return cause.message  # without the "Type: " prefix str() adds
     return str(cause or exc) or type(exc).__name__
 
 

@@ -13,7 +13,13 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, RetryState
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    ChildWorkflowError,
+    FailureError,
+    RetryState,
+)
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -79,7 +85,8 @@ def cause_message(exc: BaseException) -> str:
     """The innermost failure message of an activity/child error."""
     while isinstance(exc, ActivityError | ChildWorkflowError) and exc.cause is not None:
         exc = exc.cause
-    return str(exc) or type(exc).__name__
+    text = exc.message if isinstance(exc, FailureError) else str(exc)  # without the "Type: " prefix
+    return text or type(exc).__name__
 
 
 class RunbookSteps:

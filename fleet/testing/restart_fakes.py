@@ -70,6 +70,8 @@ class FakeFleet:
     # the fleet lock's identity (unique per fake fleet: tests on one server do not share a lock)
     identity: str = field(default_factory=lambda: uuid.uuid4().hex[:20])
     preflight_error: str = ""  # the worker's preflight fails with this line
+    pins: dict[str, bool] = field(default_factory=dict)  # /narwhal/state pins (empty: not served)
+    floors: dict[str, int] = field(default_factory=dict)  # /narwhal/state floors (empty: not served)
 
     @classmethod
     def of(cls, roles: list[str]) -> FakeFleet:
@@ -88,7 +90,8 @@ class FakeFleet:
         return FleetView(
             router_url="http://fake", controls_fleet=True, ready=True, wave_id=self.wave_id,
             wave_active=bool(self.wave_id), engines={i: self.view(i) for i in self.engines},
-            roles={i: e.role for i, e in self.engines.items()}, model="m",
+            roles={i: e.role for i, e in self.engines.items()}, model="m", pins=dict(self.pins),
+            floors=dict(self.floors),
         )  # fmt: skip
 
     # -- activities ----------------------------------------------------------------------------
