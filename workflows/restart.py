@@ -408,6 +408,8 @@ class RollingRestart:
 
     @workflow.signal
     def pause(self) -> None:
+        if self.paused and self.owner.enabled():
+            return  # a second pause changes nothing (and is not recorded twice)
         self.paused = True
         self._event("paused")
         self._publish(message="pause requested: takes effect between engines")
@@ -453,8 +455,13 @@ class RollingRestart:
                 raise ValueError(f"{kind}: {req.iid} is {e.step}, not {' or '.join(sorted(wanted))}")
             return req.iid
         waiting = [e.iid for e in self.p.engines.values() if e.step in wanted]
-        if len(waiting) != 1:
-            raise ValueError(f"{kind}: name the engine (waiting: {waiting or 'none'})")
+        if not waiting:
+            gate = " (the canary gate is already open)" if kind == "approve" and self._gate_passed else ""
+            raise ValueError(f"nothing waits for {kind} now{gate}")
+        if len(waiting) > 1:
+            raise ValueError(
+                f"several engines wait for {kind} ({', '.join(waiting)}): name one with --engine"
+            )
         return waiting[0]
 
     async def _decide(self, kind: str, req: OperatorRequest) -> OperatorAnswer:
