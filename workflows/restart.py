@@ -474,6 +474,8 @@ class RollingRestart:
             return OperatorAnswer(accepted=True, message="canary gate approved: the rollout continues")
         iid = self._target(kind, req)
         self._event("approved" if kind == "approve" else "retried", iid=iid, by=req.by, detail=req.reason)
+        if self.owner.enabled():
+            self._publish(message=f"{kind} of {iid} by {req.by or 'operator'}")
         before = self.p.engines[iid].decisions
         await self._forward(iid, Decision(kind=kind, by=req.by, reason=req.reason))
         try:
