@@ -126,8 +126,14 @@ class FleetOwner:
         self._lost = True
 
     async def release(self) -> None:
+        """Signal the lock to end and wait (bounded) until it has: the lock then ends Completed;
+        if the owner closed first, parent-close policy TERMINATE would end it all the same."""
         if self._handle is not None and self.held and not self._lost:
             await self._handle.signal(FleetLock.release)
+            try:
+                await workflow.wait_condition(lambda: self._lost, timeout=timedelta(seconds=30))
+            except TimeoutError:
+                pass
         self.held = False
 
     def aborted_message(self, fallback: str, engines: Iterable[EngineProgress]) -> str:

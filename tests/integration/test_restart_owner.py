@@ -107,6 +107,17 @@ async def test_one_owner_per_fleet_whatever_starts_the_second_run(
         await until("the scheduled run to end", lambda: ended(sched_handle), within=60)
         assert f"already being restarted by {wid}" in await refusal_of(sched_handle)
         await sched.delete()
+        cron = f"weekly-{fleet}"
+        made = cli(temporal, "schedule", "create", "--name", cron, "--cron", "0 3 * * SUN", "--paused",
+                   *common, "--fleet", new_fleet("cron"), "--engines", "e3")  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        rows = cli(temporal, "schedule", "list").stdout.splitlines()
+        assert any(r.startswith(f"narwhal-schedule-{cron} ") and "cron 0 3 * * SUN" in r for r in rows), rows
+        assert cli(temporal, "schedule", "delete", "--name", cron).returncode == 0
+        missing = cli(temporal, "schedule", "pause", "--name", cron)
+        assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+            f"refused: no schedule named {cron} (narwhal-schedule-{cron}); see `narwhal-restart schedule list`"
+        ]
         # 4. a direct Temporal client, its own workflow id
         direct = await start(temporal, worker_queue, plan(new_fleet("direct"), [s.router.url], s.supervisor))
         assert f"already being restarted by {wid}" in await refusal_of(direct)
