@@ -161,6 +161,8 @@ class WaveRestart(RunbookSteps):
     @workflow.signal
     async def pause(self) -> None:
         """Takes effect before the wave drain only: once drained, the fleet is already down."""
+        if self.paused and self.owner.enabled():
+            return  # a second pause changes nothing (and is not recorded twice)
         self.paused = True
         self.note_event("paused")
         await self.publish()

@@ -191,11 +191,12 @@ async def test_pause_takes_effect_between_engines(ts_env: WorkflowEnvironment) -
         h = await start(ts_env, tq, plan())
         await asyncio.wait_for(fleet.readmit_entered.wait(), 10)
         await h.signal("pause")
+        await h.signal("pause")  # a second pause changes nothing and is not recorded again
         fleet.readmit_gate.set()
         await until_progress(h, lambda p: p.engines["e0"].outcome == "restarted" and p.state == "paused")
         await asyncio.sleep(0.3)  # a window in which a pause that did not hold would drain e1
         p = await h.query("progress", result_type=RestartProgress)  # read after the window
-        assert p.state == "paused"
+        assert p.state == "paused" and [ev.kind for ev in p.events] == ["paused"]
         assert order(fleet, "drain") == ["e0"] and p.engines["e1"].step == "pending"
         await h.signal("resume")
         res = await done(h)
