@@ -271,8 +271,8 @@ async def _until_owner(handle: WorkflowHandle[Any, Any], within: float = 60.0) -
             p = await handle.query("progress", result_type=RestartProgress, rpc_timeout=RPC_TIMEOUT)
         except RPCError:
             p = None
-        if p is not None and (p.fleet_lock or p.state != "starting"):
-            return ""
+        if p is not None and p.fleet_lock:
+            return ""  # preflight passed, the fleet is this run's (a refused run goes on to close)
         await asyncio.sleep(0.2)
     print(
         f"note: no worker has taken {handle.id} yet; it starts when one polls the task queue", file=sys.stderr
