@@ -294,7 +294,9 @@ class RollingRestart:
         while queue and not failed:
             if self.paused:
                 self._publish(message="paused between engines")
-                await workflow.wait_condition(lambda: not self.paused or self.abort_requested)
+                await workflow.wait_condition(
+                    lambda: not self.paused or self.abort_requested or self.owner.lost()
+                )
             if self._canary_due(queue):
                 self.gate = True
                 n = self.plan.pause_after
@@ -304,7 +306,9 @@ class RollingRestart:
                 self._publish(
                     message=f"canary gate: {n} engine(s) back in service; waiting for the operator (resume or approve)"
                 )
-                await workflow.wait_condition(lambda: not self.gate or self.abort_requested)
+                await workflow.wait_condition(
+                    lambda: not self.gate or self.abort_requested or self.owner.lost()
+                )
             if self.owner.lost() and not self.abort_requested:
                 self.abort_requested = True
                 self.owner.abort_by, self.owner.abort_reason = "Temporal", "the fleet lock was broken"

@@ -4,7 +4,7 @@ processes, simulated engines under the local supervisor:
 - a run waiting at its canary gate holds the fleet: a second CLI start, a start under another
   fleet name, a schedule firing and a direct Temporal client start restart nothing and are refused
   naming the running id; approve finishes the first run with each engine restarted exactly once; a
-  run killed for good (terminated) frees the fleet;
+  run killed for good (terminated) frees the fleet; breaking the lock stops its owner at the gate;
 - a worker without the control token fails the run in its first activity, one line in ``status``,
   in ``start --wait`` (no traceback) and in the UI's Current Details; the docs/vllm.md two-engine
   fleet (one prefill, one decode, unpinned) rolling-restarts;
@@ -148,6 +148,29 @@ async def test_one_owner_per_fleet_whatever_starts_the_second_run(
         after = cli(temporal, "start", *common, "--fleet", new_fleet("after"), "--engines", "e3", "--wait")
         assert after.returncode == 0, after.stdout + after.stderr
         assert supervisor_restarts(s.supervisor) == {"e0": 1, "e1": 1, "e2": 1, "e3": 1}
+
+
+async def test_breaking_the_lock_stops_its_owner_before_the_next_engine(
+    temporal: Temporal, worker_queue: str, tmp_path: Path
+) -> None:
+    fleet = new_fleet("broken")
+    with proc_group(tmp_path) as group:
+        s = start_stack(group, tmp_path, n=4)
+        r = cli(temporal, "start", "--router", s.router.url, "--supervisor-url", s.supervisor, "--fleet", fleet,
+                "--engines", "e0,e2", "--pause-after", "1", "--task-queue", worker_queue, "--poll-interval", "0.2")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        handle = temporal.client.get_workflow_handle(fleet_workflow_id(fleet), result_type=RestartResult)
+        p = await until("the canary gate", lambda: at_gate(handle), within=120)
+        await temporal.client.get_workflow_handle(p.fleet_lock).terminate(reason="broken by hand")
+        assert (
+            await until("the owner to stop", lambda: ended(handle), within=60)
+            == WorkflowExecutionStatus.FAILED
+        )
+        res = await final_result(handle)
+        assert res.state == "aborted" and res.message.startswith(
+            "aborted by Temporal: the fleet lock was broken"
+        )
+        assert supervisor_restarts(s.supervisor) == {"e0": 1, "e1": 0, "e2": 0, "e3": 0}
 
 
 async def test_worker_without_the_token_fails_first_and_the_vllm_two_engine_fleet_rolls(
