@@ -110,7 +110,12 @@ def test_an_engines_final_line_says_what_really_happened() -> None:
     """The abort that once said ``restarted in 59.7 s`` for an engine never restarted."""
     drained = {"draining": 0.2, "waiting_to_stop": 3.0}
     in_restart = {**drained, "restarting": 0.1, "waiting_for_new_process": 59.6}
-    steps = {"draining": T0, "waiting_to_stop": T0 + 1, "restarting": T0 + 4, "waiting_for_new_process": T0 + 5}
+    steps = {
+        "draining": T0,
+        "waiting_to_stop": T0 + 1,
+        "restarting": T0 + 4,
+        "waiting_for_new_process": T0 + 5,
+    }
     aborted = engine("e1", step="aborted", outcome="aborted", timings=in_restart, step_times=steps)
     line = engine_line(aborted)
     assert "e1** aborted: restart aborted (held out of placement)" in line
