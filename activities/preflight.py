@@ -45,7 +45,7 @@ class PreflightActivities:
 
     async def _get(self, req: PreflightRequest, url: str) -> tuple[int, object]:
         try:
-            return await self.client._request(req.router, "GET", url)
+            return await self.client.get(req.router, url)
         except ApplicationError as exc:  # token variable unset on the worker, or 401/403
             raise errors.preflight_failed(f"preflight: {exc.message}") from None
         except httpx.HTTPError as exc:
@@ -57,7 +57,8 @@ class PreflightActivities:
     async def preflight(self, req: PreflightRequest) -> PreflightOutcome:
         checked: list[str] = []
         holder: FleetView | None = None
-        for url in req.router.routers:
+        routers = self.client.urls(req.router)
+        for url in routers:
             status, body = await self._get(req, f"{url}/narwhal/lifecycle")
             if status != 200:
                 raise errors.preflight_failed(f"preflight: {url}/narwhal/lifecycle answered HTTP {status}")
@@ -70,7 +71,7 @@ class PreflightActivities:
                 holder = view
         if holder is None:
             raise errors.preflight_failed(
-                f"preflight: none of {', '.join(req.router.routers)} controls the fleet (no lease holder)"
+                f"preflight: none of {', '.join(routers)} controls the fleet (no lease holder)"
             )
         roles, model, problem = await self.client.roles_and_model(req.router, holder.router_url)
         pins, floors = await self.client.pins_and_floors(req.router, holder.router_url)

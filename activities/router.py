@@ -193,11 +193,22 @@ class LifecycleClient:
             return {}, "", str(exc)
         return dict(h.roles), h.model, ""
 
+    # The two seams the worker's preflight (activities/preflight.py) uses, so it does not depend on
+    # how a RouterRef becomes URLs and a token (issue 23 makes both worker configuration).
+
+    def urls(self, ref: RouterRef) -> list[str]:
+        """Every URL of the router ``ref`` names."""
+        return list(ref.routers)
+
+    async def get(self, ref: RouterRef, url: str) -> tuple[int, Any]:
+        """GET with the router's token (``Unauthorized`` when it is missing or refused)."""
+        return await self._request(ref, "GET", url)
+
     async def pins_and_floors(self, ref: RouterRef, url: str) -> tuple[dict[str, bool], dict[str, int]]:
         """Pins and role floors from ``GET /narwhal/state`` (what the router's floor rule counts);
         empty when the router does not serve it (then the plan keeps the strict labelled-role rule)."""
         try:
-            status, body = await self._request(ref, "GET", f"{url}/narwhal/state")
+            status, body = await self.get(ref, f"{url}/narwhal/state")
         except httpx.HTTPError:
             return {}, {}
         try:
