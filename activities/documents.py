@@ -9,6 +9,7 @@ the only door between the two planes.
 
 - ``narwhal.lifecycle`` v1 (``GET /narwhal/lifecycle`` and every lifecycle POST answer)
 - ``narwhal.handoff`` v1 — only the roles and the model (``GET /narwhal/handoff``)
+- ``narwhal.state`` v1 — only the pins and role floors (``GET /narwhal/state``)
 - the Prometheus HTTP-SD target list (``GET /narwhal/targets``) and the fleet file's engine list,
   the two sources of engine addresses
 
@@ -90,6 +91,29 @@ class HandoffRoles(_Read):
         return {i: self.roles.get(i, "(missing)") for i in iids if self.roles.get(i) not in KNOWN_ROLES}
 
 
+class StateEngine(_Read):
+    role: str
+    pin: bool
+
+
+class StateFloors(_Read):
+    prefill: int = Field(ge=0)
+    decode: int = Field(ge=0)
+
+
+class StateScheduler(_Read):
+    floors: StateFloors
+    engines: dict[str, StateEngine]
+
+
+class StateFloorsDocument(_Read):
+    """The part of ``narwhal.state`` v1 the floor rule needs: pins and ``controller.min_*``."""
+
+    schema_: Literal["narwhal.state"] = Field(alias="schema")
+    schema_version: Literal[1]
+    scheduler: StateScheduler
+
+
 class TargetGroup(_Read):
     """One Prometheus HTTP-SD target group: ``{"targets": ["host:port"], "labels": {...}}``."""
 
@@ -137,6 +161,15 @@ def handoff_roles(doc: object, source: str = "") -> HandoffRoles:
     except ValidationError as exc:
         raise DocumentError(
             describe(exc, f"{source or 'router'}: not a usable narwhal.handoff v1 document")
+        ) from exc
+
+
+def state_floors(doc: object, source: str = "") -> StateFloorsDocument:
+    try:
+        return StateFloorsDocument.model_validate(doc)
+    except ValidationError as exc:
+        raise DocumentError(
+            describe(exc, f"{source or 'router'}: not a usable narwhal.state v1 document")
         ) from exc
 
 

@@ -19,6 +19,7 @@ SUPERVISOR_UNAVAILABLE = "SupervisorUnavailable"  # supervisor API unreachable (
 RESTART_COMMAND_FAILED = "RestartCommandFailed"  # the command backend exited non-zero (non-retryable)
 LAUNCH_NOT_RECORDED = "LaunchNotRecorded"  # the launch could not be reported: nothing ran (retry)
 WORKER_REFUSED = "WorkerRefused"  # input names what the worker's configuration lacks (non-retryable)
+PREFLIGHT_FAILED = "PreflightFailed"  # the worker's own checks before a run drains anything
 
 NON_RETRYABLE: tuple[str, ...] = (
     VALIDATION_FAILED,
@@ -27,6 +28,7 @@ NON_RETRYABLE: tuple[str, ...] = (
     ENGINE_NOT_FOUND,
     RESTART_COMMAND_FAILED,
     WORKER_REFUSED,
+    PREFLIGHT_FAILED,
 )
 
 
@@ -52,3 +54,7 @@ def unauthorized(message: str) -> ApplicationError:
 
 def worker_refused(message: str) -> ApplicationError:
     return ApplicationError(f"refused by the worker: {message}", type=WORKER_REFUSED, non_retryable=True)
+
+
+def preflight_failed(message: str) -> ApplicationError:
+    return ApplicationError(message, type=PREFLIGHT_FAILED, non_retryable=True)

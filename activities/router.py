@@ -31,6 +31,7 @@ from activities.documents import (
     LifecycleEngine,
     handoff_roles,
     lifecycle_document,
+    state_floors,
 )
 from activities.heartbeat import heartbeating
 from router.ids import UnsafeValue, check_engine_id
@@ -229,6 +230,35 @@ class LifecycleClient:
             return {}, "", str(exc)
         return dict(h.roles), h.model, ""
 
+    # The two seams the worker's preflight (activities/preflight.py) uses: URLs and token come from
+    # the worker's configuration (resolve), never from workflow input.
+
+    def urls(self, ref: RouterRef) -> list[str]:
+        """Every URL of the router ``ref`` names."""
+        return list(self.resolve(ref).urls)
+
+    async def get(self, ref: RouterRef, url: str) -> tuple[int, Any]:
+        """GET with the router's token (``Unauthorized`` when it is missing or refused)."""
+        return await self._request(self.resolve(ref), "GET", url, wait_s=ref.request_timeout_s)
+
+    async def pins_and_floors(self, ref: RouterRef, url: str) -> tuple[dict[str, bool], dict[str, int]]:
+        """Pins and role floors from ``GET /narwhal/state`` (what the router's floor rule counts);
+        empty when the router does not serve it (then the plan keeps the strict labelled-role rule)."""
+        try:
+            status, body = await self.get(ref, f"{url}/narwhal/state")
+        except httpx.HTTPError:
+            return {}, {}
+        try:
+            s = state_floors(body) if status == 200 else None
+        except DocumentError:
+            s = None
+        if s is None:
+            return {}, {}
+        return {i: e.pin for i, e in s.scheduler.engines.items()}, {
+            "prefill": s.scheduler.floors.prefill,
+            "decode": s.scheduler.floors.decode,
+        }
+
 
 def _view(doc: Any, url: str) -> FleetView | None:
     if isinstance(doc, dict) and doc.get("schema") == "narwhal.lifecycle":
@@ -269,7 +299,10 @@ class LifecycleActivities:
     async def read_fleet(self, ref: RouterRef) -> FleetView:
         view = await self.client.find_holder(ref)
         roles, model, problem = await self.client.roles_and_model(ref, view.router_url)
-        return view.model_copy(update={"roles": roles, "model": model, "roles_error": problem})
+        pins, floors = await self.client.pins_and_floors(ref, view.router_url)
+        return view.model_copy(
+            update={"roles": roles, "model": model, "roles_error": problem, "pins": pins, "floors": floors}
+        )
 
     @activity.defn(name="drain")
     async def drain(self, req: DrainRequest) -> DrainOutcome:

@@ -49,6 +49,7 @@ from workflows.models import (
     RestartOutcome,
     StartEngineRequest,
     SupervisorRef,
+    iso,
 )
 from workflows.worker_config import (
     CommandTemplate,
@@ -143,8 +144,8 @@ class SupervisorActivities:
         if live is None:
             raise errors.not_ready_yet(f"{target.iid}: process start unreadable at {url or '(no url)'}")
         if not newer_process(live, target.old_process_start):
-            raise errors.not_ready_yet(f"{target.iid} still runs the drained process (start {live})")
-        activity.logger.info("%s runs a new process (start %s)", target.iid, live)
+            raise errors.not_ready_yet(f"{target.iid} still runs the drained process (started {iso(live)})")
+        activity.logger.info("%s runs a new process (started %s)", target.iid, iso(live))
         return NewProcess(iid=target.iid, process_start=live)
 
     # -- restart --------------------------------------------------------------------------------

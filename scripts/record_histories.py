@@ -10,7 +10,8 @@ Re-record only on purpose: the committed files are the histories that *old* work
 replaying them against the current workflow code is what catches a nondeterministic change. A
 change that must alter the command sequence goes behind ``workflow.patched(...)``; record a new
 scenario for the new path and keep the old files (the first five scenarios predate the
-``exactly-once-launch`` patch; ``exactly-once``, ``wave-exactly-once`` and ``canary`` record it).
+``exactly-once-launch`` patch; ``exactly-once``, ``wave-exactly-once`` and ``canary`` record it;
+the ``owner-*`` scenarios record the ``fleet-owner`` path: preflight, fleet lock, status = outcome).
 
     .venv/bin/python scripts/record_histories.py [--out DIR] [--only NAME ...]
 """
@@ -30,13 +31,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from temporalio.client import WorkflowHandle  # noqa: E402
+from temporalio.client import WorkflowFailureError, WorkflowHandle  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 
 from fleet.testing.restart_fakes import FakeFleet  # noqa: E402
 from fleet.testing.temporal import start_time_skipping, until_progress  # noqa: E402
 from workflows.models import (  # noqa: E402
+    FLEET_LOCK_PREFIX,
     OperatorAnswer,
     OperatorRequest,
     RestartPlan,
@@ -45,9 +47,11 @@ from workflows.models import (  # noqa: E402
     SupervisorRef,
     Timing,
     engine_workflow_id,
+    fleet_lock_id,
     fleet_workflow_id,
 )
-from workflows.restart import EngineRestart, RollingRestart, WaveRestart  # noqa: E402
+from workflows.outcome import final_result  # noqa: E402
+from workflows.restart import EngineRestart, FleetLock, RollingRestart, WaveRestart  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "histories"
 TASK_QUEUE = "record-histories"
@@ -161,6 +165,44 @@ async def canary(env: WorkflowEnvironment, fleet: FakeFleet) -> RestartPlan:
     return p
 
 
+async def owner_canary(env: WorkflowEnvironment, fleet: FakeFleet) -> RestartPlan:
+    """The ``fleet-owner`` path: preflight, the fleet lock, a canary gate; meanwhile a second run on
+    the same fleet (another name) is refused (``FleetBusy``); approve; the lock is released."""
+    p = plan("owner-canary", pause_after=1)
+    h = await start(env, p)
+    await until_progress(h, lambda p: p.state == "waiting_operator")
+    refused = await start(env, plan("owner-refused"))
+    try:
+        await asyncio.wait_for(refused.result(), 30)
+    except WorkflowFailureError:
+        pass
+    else:
+        raise RuntimeError("the second run was not refused")
+    await h.execute_update("approve", OperatorRequest(by="bob"), result_type=OperatorAnswer)
+    await finish(h)
+    return p
+
+
+async def owner_abort(env: WorkflowEnvironment, fleet: FakeFleet) -> RestartPlan:
+    """``fleet-owner`` path, aborted while e0 waits for its newer process: the run fails."""
+    fleet.never_back.add("e0")
+    p = plan("owner-abort")
+    h = await start(env, p)
+    await until_progress(h, lambda p: p.engines["e0"].step == "waiting_for_new_process")
+    await h.execute_update("abort", OperatorRequest(by="bob", reason="bad"), result_type=OperatorAnswer)
+    res = await asyncio.wait_for(final_result(h), 30)
+    if res.state != "aborted":
+        raise RuntimeError(f"{h.id}: expected aborted, got {res.state}")
+    return p
+
+
+async def owner_wave(env: WorkflowEnvironment, fleet: FakeFleet) -> RestartPlan:
+    """Whole wave on the ``fleet-owner`` path."""
+    p = plan("owner-wave", mode="wave")
+    await finish(await start(env, p))
+    return p
+
+
 Scenario = Callable[[WorkflowEnvironment, FakeFleet], Awaitable[RestartPlan]]
 SCENARIOS: dict[str, tuple[list[str], Scenario]] = {
     "rolling": (["prefill", "prefill"], rolling),
@@ -171,7 +213,12 @@ SCENARIOS: dict[str, tuple[list[str], Scenario]] = {
     "exactly-once": (["prefill", "prefill"], exactly_once),
     "wave-exactly-once": (["prefill", "decode"], wave_exactly_once),
     "canary": (["prefill", "prefill"], canary),
+    "owner-canary": (["prefill", "prefill"], owner_canary),
+    "owner-abort": (["prefill", "prefill"], owner_abort),
+    "owner-wave": (["prefill", "decode"], owner_wave),
 }
+# scenarios whose runs take the fleet lock (its history and a refused run's are recorded too)
+EXTRA_RUNS = {"owner-canary": ["owner-refused"]}
 
 
 def compact(history_json: str) -> str:
@@ -193,13 +240,19 @@ async def record(only: list[str]) -> dict[str, str]:
             async with Worker(
                 env.client,
                 task_queue=TASK_QUEUE,
-                workflows=[EngineRestart, RollingRestart, WaveRestart],
+                workflows=[EngineRestart, RollingRestart, WaveRestart, FleetLock],
                 activities=fleet.activities(),
             ):
                 p = await scenario(env, fleet)
-            ids = [fleet_workflow_id(p.fleet)]
-            if p.mode != "wave":
-                ids += [engine_workflow_id(p.fleet, iid) for iid in sorted(fleet.engines)]
+            ids = [fleet_workflow_id(p.fleet)] + [fleet_workflow_id(f) for f in EXTRA_RUNS.get(name, [])]
+            if p.mode != "wave":  # the engines that ran (an aborted rollout leaves the rest pending)
+                started = {c.split()[1] for c in fleet.calls if c.startswith("drain ")}
+                ids += [engine_workflow_id(p.fleet, iid) for iid in sorted(fleet.engines) if iid in started]
+            if name.startswith("owner-"):
+                lock = fleet_lock_id(fleet.identity)
+                histories[f"{FLEET_LOCK_PREFIX}{name}"] = compact(
+                    (await env.client.get_workflow_handle(lock).fetch_history()).to_json()
+                )
             for wid in ids:
                 history = await env.client.get_workflow_handle(wid).fetch_history()
                 histories[wid] = compact(history.to_json())

@@ -38,11 +38,12 @@ from temporalio.client import (
     Client,
     WorkflowExecution,
     WorkflowExecutionStatus,
+    WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from router import telemetry
@@ -61,6 +62,7 @@ from workflows.details import (
     duration,
     engine_line,
     event_line,
+    outcome_words,
     phase_durations,
     progress_line,
     utc_datetime,
@@ -78,6 +80,7 @@ from workflows.models import (
     Timing,
     fleet_workflow_id,
 )
+from workflows.outcome import failure_line, failure_result
 from workflows.preflight import PreflightError, StartRequest, preflight
 from workflows.schedules import add_schedule_parser, cmd_schedule
 from workflows.steps import FLEET_KEY, STATE_KEY
@@ -100,7 +103,7 @@ def _print_result(res: RestartResult) -> None:
     print(f"{res.fleet}: {res.state} ({res.mode}){took} — {res.message}")
     for e in res.engines.values():
         print(
-            f"  {e.iid:<8} {e.outcome:<10} process started {utc_time(e.old_process_start)} → "
+            f"  {e.iid:<8} {outcome_words(e):<14} process started {utc_time(e.old_process_start)} → "
             f"{utc_time(e.new_process_start)}  {', '.join(phase_durations(e))}  {e.error}".rstrip()
         )
 
@@ -248,15 +251,61 @@ async def _start(args: argparse.Namespace) -> int:
         print(f"refused: a restart of fleet {plan.fleet} is already running ({wid}); "
               f"see `narwhal-restart status --fleet {plan.fleet}`", file=sys.stderr)  # fmt: skip
         return 2
-    print(f"started {wid} ({plan.mode}, {len(plan.engines)} engines: {', '.join(plan.engines)})")
+    desc = await handle.describe(rpc_timeout=RPC_TIMEOUT)
+    print(
+        f"started {wid} run {desc.run_id} ({plan.mode}, {len(plan.engines)} engines: {', '.join(plan.engines)})"
+    )
     print(f"UI: {_ui_link(args, wid)}", flush=True)
+    refused = await _until_owner(handle)
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
     if args.follow:
         await _follow(handle)
     if args.wait or args.follow:
-        res = await handle.result()
-        _print_result(res)
-        return 0 if _all_restarted(res) else 1
+        return await _report_end(handle)
     return 0
+
+
+async def _until_owner(handle: WorkflowHandle[Any, Any], within: float = 60.0) -> str:
+    """Wait until the run passed its preflight and holds the fleet lock; "" then (or when no worker
+    answers in time: the run waits for one), else the run's one-line refusal / failure."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while loop.time() < deadline:
+        desc = await handle.describe(rpc_timeout=RPC_TIMEOUT)
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            try:
+                await handle.result()
+            except WorkflowFailureError as exc:
+                return failure_line(exc)
+            return ""
+        try:
+            p = await handle.query("progress", result_type=RestartProgress, rpc_timeout=RPC_TIMEOUT)
+        except RPCError:
+            p = None
+        if p is not None and p.fleet_lock:
+            return ""  # preflight passed, the fleet is this run's (a refused run goes on to close)
+        await asyncio.sleep(0.2)
+    print(
+        f"note: no worker has taken {handle.id} yet; it starts when one polls the task queue", file=sys.stderr
+    )
+    return ""
+
+
+async def _report_end(handle: WorkflowHandle[Any, Any]) -> int:
+    """The outcome in a few plain lines; exit 0 only when every engine was restarted."""
+    try:
+        res = await handle.result()
+    except WorkflowFailureError as exc:
+        carried = failure_result(exc)
+        if carried is None:
+            print(f"{handle.id}: {failure_line(exc)}", file=sys.stderr)
+            return 1
+        _print_result(carried)
+        return 2 if carried.message.startswith("refused:") else 1
+    _print_result(res)
+    return 0 if _all_restarted(res) else 1
 
 
 RESTART_TYPES = "WorkflowType IN ('RollingRestart', 'WaveRestart')"
@@ -306,20 +355,32 @@ async def cmd_status(args: argparse.Namespace) -> int:
         p = await handle.query("progress", result_type=RestartProgress, rpc_timeout=RPC_TIMEOUT)
     except RPCError as exc:
         sa = {k.name: v for k, v in desc.typed_search_attributes}
-        print(f"{handle.id}: {desc.status.name if desc.status else '?'} {sa} (no progress: {exc.message})")
-        return 0
+        status = desc.status.name.lower() if desc.status else "?"
+        print(f"{handle.id} (run {desc.run_id}): {status} — {sa.get('NarwhalState', '?')} "
+              f"(progress unavailable: {exc.message})")  # fmt: skip
+        return 1 if desc.status in ENDED_BADLY else 0
     if args.json:
         print(json.dumps(p.model_dump(mode="json", by_alias=True), indent=2))
         return 0
     now = (p.updated_at or 0.0) if desc.status != WorkflowExecutionStatus.RUNNING else time.time()
     print(f"{handle.id} (run {desc.run_id}): {desc.status.name.lower() if desc.status else '?'} — "
-          f"{p.state.replace('_', ' ')}: {p.message}")  # fmt: skip
+          f"{p.state.replace('_', ' ')}: {p.message or '(no message)'}")  # fmt: skip
+    if p.fleet_lock:
+        print(f"  holds the fleet lock {p.fleet_lock}")
     print(f"  {progress_line(p.engines.values(), p.started_at, now)} (started {utc_datetime(p.started_at)})")
     for e in p.engines.values():
         print(_engine_line(e, now))
     for ev in p.events[-5:]:
         print(f"  ** {event_line(ev)}")
-    return 0
+    return 1 if desc.status in ENDED_BADLY else 0
+
+
+ENDED_BADLY = (
+    WorkflowExecutionStatus.FAILED,
+    WorkflowExecutionStatus.CANCELED,
+    WorkflowExecutionStatus.TERMINATED,
+    WorkflowExecutionStatus.TIMED_OUT,
+)
 
 
 async def cmd_signal(args: argparse.Namespace) -> int:
@@ -337,7 +398,9 @@ async def cmd_update(args: argparse.Namespace) -> int:
             args.command, req, result_type=OperatorAnswer, rpc_timeout=timedelta(seconds=90)
         )
     except WorkflowUpdateFailedError as exc:
-        print(f"{args.command} refused: {exc.cause}", file=sys.stderr)
+        cause = exc.cause
+        why = cause.message if isinstance(cause, FailureError) and cause.message else str(cause)
+        print(f"{args.command} refused: {why}", file=sys.stderr)
         return 2
     print(ans.message)
     return 0

@@ -58,21 +58,56 @@ def duration(seconds: float) -> str:
     return f"{h} h {rest // 60} m"
 
 
+RUNNING_WORDS = {"drained": "draining", "restarted": "restarting", "readmitted": "readmitting"}
+NOUNS = {"drained": "drain", "restarted": "restart", "readmitted": "readmission"}
+
+
+def _last_phase(e: EngineProgress) -> int:
+    """Index in PHASES of the phase the engine is in (or ended in); -1 before the first."""
+    reached = [
+        n for n, (_, steps) in enumerate(PHASES) if any(s in e.step_times or s in e.timings for s in steps)
+    ]
+    current = [n for n, (_, steps) in enumerate(PHASES) if e.step in steps]
+    return max(current + reached, default=-1)
+
+
 def phase_durations(e: EngineProgress, now: float | None = None) -> list[str]:
     """``drained in 3.2 s``, ``restarted in 5.1 s`` … for the phases that took time (the running
-    step counts up to ``now``)."""
+    step counts up to ``now``). Only a finished phase says it happened: the phase an engine was
+    in when it was aborted or failed says so (``restart aborted after 3.1 s``)."""
     spent = dict(e.timings)
     if now is not None and e.step_started_at is not None and e.step not in FINAL_STEPS:
         spent[e.step] = spent.get(e.step, 0.0) + max(0.0, now - e.step_started_at)
+    last = _last_phase(e)
+    ended = e.outcome in ("aborted", "failed", "refused")
     out = []
-    for word, steps in PHASES:
+    for n, (word, steps) in enumerate(PHASES):
         total = sum(spent.get(s, 0.0) for s in steps)
-        if any(s in spent for s in steps):
-            running = e.step in steps
-            out.append(
-                f"{'draining' if running and word == 'drained' else word} {'for' if running else 'in'} {duration(total)}"
-            )
+        if not any(s in spent for s in steps):
+            continue
+        if e.step in steps:
+            out.append(f"{RUNNING_WORDS[word]} for {duration(total)}")
+        elif ended and n == last:
+            out.append(f"{NOUNS[word]} {e.outcome} after {duration(total)}")
+        else:
+            out.append(f"{word} in {duration(total)}")
     return out
+
+
+def outcome_words(e: EngineProgress) -> str:
+    """What really happened to the engine, in two or three words: ``restarted``, ``not restarted``,
+    ``restart aborted``, ``restarted, not readmitted`` …"""
+    if e.outcome == "restarted":
+        return "restarted"
+    if e.outcome in ("pending", "running"):
+        return "not restarted" if e.outcome == "pending" else STEP_WORDS.get(e.step, e.step)
+    last = _last_phase(e)
+    held = " (held out of placement)" if last >= 0 else ""
+    if last <= 0:
+        return f"not restarted{held}"
+    if last == 1 and e.new_process_start is None:
+        return f"restart {e.outcome}{held}"
+    return f"restarted, readmission {e.outcome}{held}"
 
 
 def checks_text(e: EngineProgress) -> str:
@@ -87,6 +122,8 @@ def engine_line(e: EngineProgress, now: float | None = None) -> str:
     """One Markdown list line: ``**e0** done · router active · drained in 3.2 s, … · 7 checks
     passed · 08:31:02–08:31:14 UTC``."""
     parts = [f"**{e.iid}** {STEP_WORDS.get(e.step, e.step)}"]
+    if e.outcome in ("aborted", "failed", "refused"):
+        parts[0] += f": {outcome_words(e)}"
     if e.router_state:
         parts.append(f"router {e.router_state}")
     phases = phase_durations(e, now)

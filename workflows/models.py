@@ -11,6 +11,7 @@ Imported by workflow code, so: stdlib + pydantic only.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
@@ -69,6 +70,22 @@ def fleet_workflow_id(fleet: str) -> str:
 
 def engine_workflow_id(fleet: str, iid: str) -> str:
     return f"engine-restart-{fleet}-{iid}"
+
+
+FLEET_LOCK_PREFIX = "narwhal-fleet-lock-"
+
+
+def fleet_identity(engine_urls: dict[str, str]) -> str:
+    """The canonical identity of a fleet: the engines it restarts, as the router reports them
+    (``iid=URL`` of every engine, sorted, hashed). Independent of the ``--fleet`` name, the same on
+    both routers of an HA pair (one fleet file), different for two stacks with the same engine ids."""
+    text = "\n".join(f"{iid}={url.rstrip('/')}" for iid, url in sorted(engine_urls.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def fleet_lock_id(identity: str) -> str:
+    """The fixed workflow id of the fleet's lock (Temporal keeps one running workflow per id)."""
+    return FLEET_LOCK_PREFIX + identity
 
 
 class _Model(BaseModel):
@@ -255,6 +272,7 @@ class RestartProgress(_WithIso):
     started_at_iso: str = ""
     updated_at_iso: str = ""
     pause_after: int = 0
+    fleet_lock: str = ""  # the lock workflow this run holds (empty: not held / not yet)
     engines: dict[str, EngineProgress] = Field(default_factory=dict)
     events: list[OperatorEvent] = Field(default_factory=list)
 
@@ -339,6 +357,10 @@ class FleetView(_Model):
     roles: dict[str, str] = Field(default_factory=dict)
     model: str = ""
     roles_error: str = ""  # the handoff (roles) could not be read: role safety cannot be decided
+    # From ``GET /narwhal/state`` (empty when the router does not serve it): what the router's own
+    # floor rule counts — pins (unpinned engines serve either leg) and controller.min_prefill/decode.
+    pins: dict[str, bool] = Field(default_factory=dict)
+    floors: dict[str, int] = Field(default_factory=dict)
 
 
 class DrainRequest(_Model):
@@ -440,3 +462,44 @@ class NewProcess(_Model):
 class StartEngineRequest(_Model):
     iid: str
     supervisor: SupervisorRef
+
+
+# ---------------------------------------------------------------------------------------------
+# Preflight from the worker, and the fleet lock
+
+
+class PreflightRequest(_Model):
+    """The first activity of every run: checks from the worker, before anything is drained."""
+
+    router: RouterRef
+    engines: list[str] = Field(default_factory=list)  # empty: every engine the router knows
+    engine_urls: dict[str, str] = Field(default_factory=dict)
+
+
+class PreflightOutcome(_Model):
+    view: FleetView
+    identity: str
+    lock_id: str
+    engine_urls: dict[str, str] = Field(default_factory=dict)  # what the router reported
+    checked: list[str] = Field(default_factory=list)  # one line per check that passed
+
+
+class FleetLockInput(_Model):
+    identity: str
+    owner: str  # the restart workflow id holding the lock
+    fleet: str = ""
+
+
+class LockOwnerRequest(_Model):
+    lock_id: str
+    fleet: str = ""
+
+
+class LockOwner(_Model):
+    """Who holds a fleet lock (read from Temporal by the worker): owner id, its state, how to steer."""
+
+    lock_id: str
+    owner: str = ""
+    owner_run_id: str = ""
+    state: str = ""
+    message: str = ""

@@ -20,6 +20,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.documents import KNOWN_ROLES
     from activities.router import LifecycleActivities
     from workflows.details import render
+    from workflows.fleet_lock import FleetLock
+    from workflows.floors import floor_breach
     from workflows.models import (
         FINAL_STEPS,
         WAITING_FOR_OPERATOR,
@@ -38,10 +40,19 @@ with workflow.unsafe.imports_passed_through():
         engine_workflow_id,
         fleet_workflow_id,
     )
-    from workflows.steps import ABORTABLE, FLEET_KEY, MAX_EVENTS, STATE_KEY, RunbookSteps, cause_message
+    from workflows.owner import FleetOwner, run_outcome
+    from workflows.steps import (
+        ABORTABLE,
+        FLEET_KEY,
+        IN_PROGRESS,
+        MAX_EVENTS,
+        STATE_KEY,
+        RunbookSteps,
+        cause_message,
+    )
     from workflows.wave import WaveRestart
 
-__all__ = ["EngineRestart", "RollingRestart", "WaveRestart", "pick_batch"]
+__all__ = ["EngineRestart", "FleetLock", "RollingRestart", "WaveRestart", "pick_batch"]
 
 # workflow.patched id: a pause (or abort) that arrives while the fleet is read before a batch takes
 # effect before that batch (was: the batch started, so an engine restarted after the pause).
@@ -138,6 +149,8 @@ def pick_batch(queue: list[str], view: FleetView, max_unavailable: int) -> tuple
     eligible = {i for i, e in view.engines.items() if e.accepts_new}
     if view.roles_error:
         return [], f"role safety: engine roles unknown ({view.roles_error})"
+    if view.floors:
+        return _pick_by_floor(queue, view, max_unavailable, eligible)
     unknown = sorted(i for i in eligible | set(queue[:1]) if view.roles.get(i) not in KNOWN_ROLES)
     if unknown:
         shown = ", ".join(f"{i}={view.roles.get(i, '(missing)')}" for i in unknown)
@@ -161,6 +174,35 @@ def pick_batch(queue: list[str], view: FleetView, max_unavailable: int) -> tuple
     return batch, ""
 
 
+def _pick_by_floor(
+    queue: list[str], view: FleetView, max_unavailable: int, eligible: set[str]
+) -> tuple[list[str], str]:
+    """The router's own rule (``workflows.floors``: labelled or unpinned engines count, floors
+    ``controller.min_prefill`` / ``min_decode`` as ``/narwhal/state`` reports them)."""
+    unknown = sorted(i for i in queue[:1] if view.roles.get(i) not in KNOWN_ROLES)
+    if unknown:
+        shown = ", ".join(f"{i}={view.roles.get(i, '(missing)')}" for i in unknown)
+        return [], f"role safety: unknown role for {shown} in /narwhal/handoff"
+    batch: list[str] = []
+    for iid in queue:
+        if len(batch) >= max_unavailable:
+            break
+        e = view.engines.get(iid)
+        if e is None or e.state != "active" or not e.accepts_new:
+            why = "unknown to the router" if e is None else f"{e.state}, accepts_new={e.accepts_new}"
+            return (batch, "") if batch else ([], f"{iid} is not serving ({why})")
+        breach = floor_breach(view.roles, view.pins, eligible, view.floors, [*batch, iid])
+        if breach is not None:
+            if batch:
+                break
+            return [], (
+                f"{iid}: draining it would leave {breach.remaining} engine(s) able to serve {breach.role} "
+                f"(floor {breach.floor}, controller.min_{breach.role})"
+            )
+        batch.append(iid)
+    return batch, ""
+
+
 @workflow.defn(name="RollingRestart")
 class RollingRestart:
     @workflow.init
@@ -178,6 +220,8 @@ class RollingRestart:
         self.gate = False  # the canary gate (--pause-after) waits for resume / approve
         self._gate_passed = False
         self._waiting: set[str] = set()
+        self.owner = FleetOwner()
+        self._abort_sent: set[str] = set()
 
     # -- progress --------------------------------------------------------------------------------
 
@@ -196,6 +240,7 @@ class RollingRestart:
         self.p.state = state or self._state()
         self.p.paused = self.paused
         self.p.abort_requested = self.abort_requested
+        self.p.fleet_lock = self.owner.lock_id if self.owner.held else ""
         if message is not None:
             self.p.message = message
         now = workflow.now().timestamp()
@@ -231,7 +276,14 @@ class RollingRestart:
     async def run(self, plan: RestartPlan) -> RestartResult:
         self.p.started_at = workflow.now().timestamp()
         workflow.upsert_search_attributes([FLEET_KEY.value_set(plan.fleet)])
-        view = await self._read_fleet()
+        if self.owner.decide():
+            self._publish(state="starting", message="preflight from the worker, then the fleet lock")
+            held = await self.owner.take(plan)
+            if held is None:
+                return await self._end(False, "failed", self.owner.refusal)
+            view = held
+        else:
+            view = await self._read_fleet()
         queue = list(plan.engines) or sorted(view.engines)
         for iid in queue:
             self.p.engines[iid] = EngineProgress(
@@ -242,7 +294,9 @@ class RollingRestart:
         while queue and not failed:
             if self.paused:
                 self._publish(message="paused between engines")
-                await workflow.wait_condition(lambda: not self.paused or self.abort_requested)
+                await workflow.wait_condition(
+                    lambda: not self.paused or self.abort_requested or self.owner.lost()
+                )
             if self._canary_due(queue):
                 self.gate = True
                 n = self.plan.pause_after
@@ -252,7 +306,13 @@ class RollingRestart:
                 self._publish(
                     message=f"canary gate: {n} engine(s) back in service; waiting for the operator (resume or approve)"
                 )
-                await workflow.wait_condition(lambda: not self.gate or self.abort_requested)
+                await workflow.wait_condition(
+                    lambda: not self.gate or self.abort_requested or self.owner.lost()
+                )
+            if self.owner.lost() and not self.abort_requested:
+                self.abort_requested = True
+                self.owner.abort_by, self.owner.abort_reason = "Temporal", "the fleet lock was broken"
+                self._event("aborted", by="Temporal", detail="fleet lock lost")
             if self.abort_requested:
                 break
             view = await self._read_fleet()
@@ -279,15 +339,27 @@ class RollingRestart:
             if ok
             else (failed or "aborted before the remaining engines")
         )
+        if aborted and self.owner.enabled():
+            message = self.owner.aborted_message(message, self.p.engines.values())
+        return await self._end(ok, state, message)
+
+    async def _end(self, ok: bool, state: RunState, message: str) -> RestartResult:
+        """Final progress + Current Details, the lock released; a run that did not restart every
+        engine ends Failed (its reason, and this result as the failure's details)."""
         self.p.message = message
         self.finished = True
         self._publish(state=state, message=message)
         await workflow.wait_condition(workflow.all_handlers_finished)
-        return RestartResult(
-            fleet=plan.fleet, mode="rolling", ok=ok, state=state, message=message,
+        await self.owner.release()
+        self._publish(state=state, message=message)
+        result = RestartResult(
+            fleet=self.plan.fleet, mode="rolling", ok=ok, state=state, message=message,
             started_at=self.p.started_at, finished_at=workflow.now().timestamp(), engines=self.p.engines,
             events=self.p.events,
         )  # fmt: skip
+        if self.owner.enabled():
+            run_outcome(result)  # raises ApplicationError unless every engine was restarted
+        return result
 
     def _canary_due(self, queue: list[str]) -> bool:
         """The canary gate closes once, when the first ``pause_after`` engines are back in service."""
@@ -340,6 +412,8 @@ class RollingRestart:
 
     @workflow.signal
     def pause(self) -> None:
+        if self.paused and self.owner.enabled():
+            return  # a second pause changes nothing (and is not recorded twice)
         self.paused = True
         self._event("paused")
         self._publish(message="pause requested: takes effect between engines")
@@ -363,7 +437,12 @@ class RollingRestart:
         elif e.step not in WAITING_FOR_OPERATOR:
             self._waiting.discard(e.iid)
         self._publish()
-        if self.abort_requested and e.step in WAITING_FOR_OPERATOR:
+        if self.owner.enabled():
+            if self.abort_requested and e.step in ABORTABLE and e.iid not in self._abort_sent:
+                self._abort_sent.add(e.iid)
+                by, why = self.owner.abort_by, self.owner.abort_reason
+                await self._forward(e.iid, Decision(kind="abort", by=by, reason=why or "rollout aborted"))
+        elif self.abort_requested and e.step in WAITING_FOR_OPERATOR:
             await self._forward(e.iid, Decision(kind="abort", reason="rollout aborted"))
 
     async def _forward(self, iid: str, d: Decision) -> None:
@@ -380,8 +459,13 @@ class RollingRestart:
                 raise ValueError(f"{kind}: {req.iid} is {e.step}, not {' or '.join(sorted(wanted))}")
             return req.iid
         waiting = [e.iid for e in self.p.engines.values() if e.step in wanted]
-        if len(waiting) != 1:
-            raise ValueError(f"{kind}: name the engine (waiting: {waiting or 'none'})")
+        if not waiting:
+            gate = " (the canary gate is already open)" if kind == "approve" and self._gate_passed else ""
+            raise ValueError(f"nothing waits for {kind} now{gate}")
+        if len(waiting) > 1:
+            raise ValueError(
+                f"several engines wait for {kind} ({', '.join(waiting)}): name one with --engine"
+            )
         return waiting[0]
 
     async def _decide(self, kind: str, req: OperatorRequest) -> OperatorAnswer:
@@ -394,6 +478,8 @@ class RollingRestart:
             return OperatorAnswer(accepted=True, message="canary gate approved: the rollout continues")
         iid = self._target(kind, req)
         self._event("approved" if kind == "approve" else "retried", iid=iid, by=req.by, detail=req.reason)
+        if self.owner.enabled():
+            self._publish(message=f"{kind} of {iid} by {req.by or 'operator'}")
         before = self.p.engines[iid].decisions
         await self._forward(iid, Decision(kind=kind, by=req.by, reason=req.reason))
         try:
@@ -431,6 +517,8 @@ class RollingRestart:
         """Stop the rollout (no further engines); engines waiting for an operator end held.
         With ``iid``: also abort that engine while it still waits to stop."""
         self.abort_requested = True
+        if self.owner.enabled():
+            return await self._abort_now(req)
         waiting = [
             e.iid
             for e in self.p.engines.values()
@@ -442,6 +530,27 @@ class RollingRestart:
         self._publish(message="abort requested: no further engines will be restarted")
         held = f"; {', '.join(waiting)} end held" if waiting else ""
         return OperatorAnswer(accepted=True, message=f"abort accepted{held}")
+
+    async def _abort_now(self, req: OperatorRequest) -> OperatorAnswer:
+        """The engines in progress stop at their next safe point (held out of placement); the
+        rollout starts no further engine."""
+        self.owner.abort_by, self.owner.abort_reason = req.by or "operator", req.reason
+        self.gate = False
+        busy = [e.iid for e in self.p.engines.values() if e.step in ABORTABLE and e.step != "pending"]
+        for iid in busy:
+            self._abort_sent.add(iid)
+            await self._forward(iid, Decision(kind="abort", by=req.by, reason=req.reason))
+        late = [e.iid for e in self.p.engines.values() if e.step in IN_PROGRESS and e.iid not in busy]
+        self._event("aborted", iid=req.iid, by=req.by, detail=req.reason)
+        self._publish(
+            message=f"abort requested by {req.by or 'operator'}: no further engines will be restarted"
+        )
+        parts = [f"{', '.join(busy)} stop at the next safe point and stay held"] if busy else []
+        if late:
+            parts.append(f"{', '.join(late)} already past the point of no return: finishing its readmission")
+        return OperatorAnswer(
+            accepted=True, message="abort accepted" + ("; " + "; ".join(parts) if parts else "")
+        )
 
     @abort.validator
     def _abort_ok(self, req: OperatorRequest) -> None:

@@ -27,6 +27,7 @@ from temporalio.client import (
     ScheduleState,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.client import connect, ensure_search_attributes, security
 from workflows.models import RestartPlan, fleet_slug, fleet_workflow_id
@@ -34,6 +35,7 @@ from workflows.preflight import PreflightError
 from workflows.steps import FLEET_KEY, STATE_KEY
 
 SCHEDULE_PREFIX = "narwhal-schedule-"
+WHEN_MEMO = "narwhal_when"
 _EVERY = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
 PlanBuilder = Callable[[argparse.Namespace], Awaitable[tuple[RestartPlan, str]]]
 
@@ -75,7 +77,9 @@ def add_schedule_parser(
     for action, text in (("pause", "pause a schedule"), ("unpause", "unpause a schedule"),
                          ("delete", "delete a schedule (runs already started go on)")):  # fmt: skip
         a = sub.add_parser(action, parents=[common], help=text, description=text[0].upper() + text[1:] + ".")
-        a.add_argument("--name", required=True, help="schedule name (as given to create, default the fleet)")
+        a.add_argument(
+            "--name", required=True, help="schedule name, as `schedule create` named it (required)"
+        )
         if action != "delete":
             a.add_argument("--note", default="", help="why (shown in the UI)")
 
@@ -88,12 +92,19 @@ async def cmd_schedule(args: argparse.Namespace, build_plan: PlanBuilder) -> int
     if action == "list":
         return await _list(client)
     handle = client.get_schedule_handle(schedule_id(args.name))
-    if action == "pause":
-        await handle.pause(note=args.note or f"paused by {args.requested_by}")
-    elif action == "unpause":
-        await handle.unpause(note=args.note or f"unpaused by {args.requested_by}")
-    else:
-        await handle.delete()
+    try:
+        if action == "pause":
+            await handle.pause(note=args.note or f"paused by {args.requested_by}")
+        elif action == "unpause":
+            await handle.unpause(note=args.note or f"unpaused by {args.requested_by}")
+        else:
+            await handle.delete()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise PreflightError(
+                f"no schedule named {args.name} ({handle.id}); see `narwhal-restart schedule list`"
+            ) from None
+        raise
     print(f"{action}d {handle.id}" if action != "pause" else f"paused {handle.id}")
     return 0
 
@@ -119,6 +130,7 @@ async def _create(client: Client, args: argparse.Namespace, build_plan: PlanBuil
         static_details=details + f"\n- schedule `{sid}`",
     )
     note = args.note or f"created by {args.requested_by}"
+    when = f"cron {args.cron}" if args.cron else f"every {args.every}"
     try:
         await client.create_schedule(
             sid,
@@ -128,6 +140,7 @@ async def _create(client: Client, args: argparse.Namespace, build_plan: PlanBuil
                 policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
                 state=ScheduleState(note=note, paused=args.paused),
             ),
+            memo={WHEN_MEMO: when},
         )
     except ScheduleAlreadyRunningError:
         raise PreflightError(
@@ -146,8 +159,10 @@ async def _list(client: Client) -> int:
             continue
         sched = entry.schedule
         spec = sched.spec if sched is not None else None
-        when = ""
-        if spec is not None:
+        # Temporal turns a cron expression into calendar specs: the text given to `create` is kept
+        # in the schedule's memo
+        when = str(await entry.memo_value(WHEN_MEMO, default=""))
+        if not when and spec is not None:
             when = ", ".join(
                 [f"cron {c}" for c in spec.cron_expressions] + [f"every {i.every}" for i in spec.intervals]
             )

@@ -13,7 +13,13 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, RetryState
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    ChildWorkflowError,
+    FailureError,
+    RetryState,
+)
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -22,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.supervisor import SupervisorActivities
     from workflows.details import render
     from workflows.models import (
+        FINAL_STEPS,
         WAITING_FOR_OPERATOR,
         ConfirmRequest,
         DeadlinePolicy,
@@ -54,14 +61,32 @@ MAX_LAUNCH_ATTEMPTS = 5
 MAX_EVENTS = 50
 MIN_NEW_PROCESS_WAIT_S = 5.0
 SAME_PROCESS_TOLERANCE = 1e-6
-ABORTABLE: frozenset[str] = frozenset({"pending", "waiting_to_stop", "awaiting_approval", "blocked"})
+# Steps an abort stops at a safe point: before the drain, during it, while waiting to stop, while a
+# restart runs (a launched restart command is awaited, never killed; the newer process is not waited
+# for) and while blocked. Not while readmitting/confirming: that engine finishes its readmission.
+ABORTABLE: frozenset[str] = frozenset(
+    {
+        "pending",
+        "draining",
+        "waiting_to_stop",
+        "awaiting_approval",
+        "blocked",
+        "restarting",
+        "waiting_for_new_process",
+    }
+)
+IN_PROGRESS: frozenset[str] = frozenset(
+    {"draining", "waiting_to_stop", "awaiting_approval", "restarting", "waiting_for_new_process"}
+    | {"readmitting", "confirming", "blocked"}
+)
 
 
 def cause_message(exc: BaseException) -> str:
     """The innermost failure message of an activity/child error."""
     while isinstance(exc, ActivityError | ChildWorkflowError) and exc.cause is not None:
         exc = exc.cause
-    return str(exc) or type(exc).__name__
+    text = exc.message if isinstance(exc, FailureError) else str(exc)  # without the "Type: " prefix
+    return text or type(exc).__name__
 
 
 class RunbookSteps:
@@ -95,6 +120,7 @@ class RunbookSteps:
         self.events: list[OperatorEvent] = []
         self.launch_seq: dict[str, int] = {}
         self.launches: dict[str, LaunchReport] = {}
+        self.abort_taken: Decision | None = None
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -180,6 +206,8 @@ class RunbookSteps:
         assert self.decision is not None
         d, self.decision = self.decision, None
         self.consumed += 1
+        if d.kind == "abort":
+            self.abort_taken = d
         for iid in iids:
             e = self.engines[iid]
             e.decisions += 1
@@ -188,6 +216,17 @@ class RunbookSteps:
         kind = {"approve": "approved", "retry": "retried", "abort": "aborted"}[d.kind]
         self.note_event(kind, iid=",".join(iids) if len(iids) == 1 else "", by=d.by, detail=d.reason)
         return d
+
+    def abort_pending(self) -> bool:
+        return self.abort_taken is not None or (self.decision is not None and self.decision.kind == "abort")
+
+    async def abort_engines(self, iids: list[str], what: str) -> None:
+        """End ``iids`` as aborted, saying what really happened to them."""
+        if self.abort_taken is None:
+            self.abort_taken = await self.take_decision(iids, {"abort"})
+        d = self.abort_taken
+        who = f"abort by {d.by or 'operator'}" + (f": {d.reason}" if d.reason else "")
+        await self.step(iids, "aborted", note=f"{what} ({who})")
 
     async def wait_operator(
         self, iids: list[str], step: Step, waiting_for: str, allowed: set[str]
@@ -358,6 +397,9 @@ class RunbookSteps:
         timeout). True: a newer process serves; False: failed; None: none within the timeout."""
         e = self.engines[iid]
         assert e.old_process_start is not None
+        if self.abort_pending():
+            await self.abort_engines([iid], "not restarted: aborted before its restart command; stays held")
+            return False
         target = EngineTarget(
             iid=iid, url=self.engine_urls.get(iid, ""), old_process_start=e.old_process_start,
             supervisor=self.supervisor,
@@ -387,16 +429,36 @@ class RunbookSteps:
                 await self.step([iid], "failed", error=f"restart failed: {cause_message(exc)}")
                 return False
             wait_s = limit
+        if self.abort_pending():
+            await self.abort_engines(
+                [iid], "restart aborted: its restart command was awaited to its end; the newer process "
+                "was not waited for and the engine stays held",
+            )  # fmt: skip
+            return False
+        poll = workflow.start_activity_method(
+            SupervisorActivities.wait_new_process,
+            target,
+            start_to_close_timeout=timedelta(seconds=30),
+            schedule_to_close_timeout=timedelta(seconds=wait_s),
+            heartbeat_timeout=self.heartbeat(),  # an attempt lost with its worker: retried then
+            retry_policy=self.poll_retry(),
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            summary=f"wait for {iid} to serve a new process (up to {limit:g}s)",
+        )
+        await workflow.wait_condition(lambda: poll.done() or self.abort_pending())
+        if not poll.done():
+            poll.cancel()
+            try:
+                await poll
+            except (ActivityError, asyncio.CancelledError):
+                pass
+            await self.abort_engines(
+                [iid], "restart aborted while waiting for its newer process (the restart command had "
+                "returned); not readmitted, stays held",
+            )  # fmt: skip
+            return False
         try:
-            new = await workflow.execute_activity_method(
-                SupervisorActivities.wait_new_process,
-                target,
-                start_to_close_timeout=timedelta(seconds=30),
-                schedule_to_close_timeout=timedelta(seconds=wait_s),
-                heartbeat_timeout=self.heartbeat(),  # an attempt lost with its worker: retried then
-                retry_policy=self.poll_retry(),
-                summary=f"wait for {iid} to serve a new process (up to {limit:g}s)",
-            )
+            new = poll.result()
         except ActivityError as exc:
             # Poll-by-retry past schedule_to_close ends with retry state TIMEOUT (cause: the last
             # NotReadyYet, or a TimeoutError when an attempt was cut off).
@@ -494,11 +556,19 @@ class RunbookSteps:
     async def restart(self, iids: list[str]) -> bool:
         """Restart in parallel. Engines with no newer process within the restart timeout are
         blocked until the operator retries (restart again, guarded, and wait again) or aborts."""
+        if self.abort_pending():
+            await self.abort_engines(iids, "not restarted: aborted before its restart; stays held (drained)")
+            return False
         await self.step(iids, "restarting")
         pending = list(iids)
         while True:
             results = await asyncio.gather(*(self.restart_one(i) for i in pending))
             late = [i for i, r in zip(pending, results, strict=True) if r is None]
+            if self.abort_pending():
+                rest = [i for i in pending if self.engines[i].step not in FINAL_STEPS]
+                if rest:
+                    await self.abort_engines(rest, "restart aborted: no newer process confirmed; stays held")
+                return False
             if any(r is False for r in results):
                 if late:
                     await self.step(late, "failed")

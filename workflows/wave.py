@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         RestartResult,
         RunState,
     )
+    from workflows.owner import FleetOwner, run_outcome
     from workflows.steps import FLEET_KEY, RunbookSteps
 
 
@@ -40,6 +41,8 @@ class WaveRestart(RunbookSteps):
         self.paused = False
         self.run_state: RunState = "starting"
         self.started_at: float | None = None
+        self.owner = FleetOwner()
+        self.end_message = ""
 
     def state_keyword(self) -> str:
         return self.run_state if self.run_state != "running" else self._running_state()
@@ -59,6 +62,10 @@ class WaveRestart(RunbookSteps):
         )  # fmt: skip
 
     def _message(self) -> str:
+        if self.end_message:
+            return self.end_message
+        if self.run_state == "starting" and self.owner.enabled():
+            return "preflight from the worker, then the fleet lock"
         if self.run_state == "done":
             return "every engine restarted and readmitted; /ready restored"
         if self.run_state in ("failed", "aborted"):
@@ -71,13 +78,21 @@ class WaveRestart(RunbookSteps):
     async def run(self, plan: RestartPlan) -> RestartResult:
         self.started_at = self.now()
         workflow.upsert_search_attributes([FLEET_KEY.value_set(plan.fleet)])
-        view = await workflow.execute_activity_method(
-            LifecycleActivities.read_fleet,
-            plan.router,
-            start_to_close_timeout=timedelta(seconds=plan.router.request_timeout_s * 3 + 5),
-            schedule_to_close_timeout=timedelta(seconds=plan.timing.router_call_timeout_s),
-            summary="read the fleet's lifecycle",
-        )
+        if self.owner.decide():
+            await self.publish()
+            held = await self.owner.take(plan)
+            if held is None:
+                self.run_state = "failed"
+                return await self._end(False, self.owner.refusal)
+            view = held
+        else:
+            view = await workflow.execute_activity_method(
+                LifecycleActivities.read_fleet,
+                plan.router,
+                start_to_close_timeout=timedelta(seconds=plan.router.request_timeout_s * 3 + 5),
+                schedule_to_close_timeout=timedelta(seconds=plan.timing.router_call_timeout_s),
+                summary="read the fleet's lifecycle",
+            )
         iids = sorted(view.engines)
         for iid in iids:
             self.engines[iid] = EngineProgress(iid=iid, router_state=view.engines[iid].state)
@@ -96,13 +111,27 @@ class WaveRestart(RunbookSteps):
         aborted = any(e.outcome == "aborted" for e in self.engines.values())
         self.run_state = "done" if ok else ("aborted" if aborted else "failed")
         message = "every engine restarted and readmitted; /ready restored" if ok else self._failure()
+        if aborted and self.owner.enabled() and self.abort_taken is not None:
+            d = self.abort_taken
+            self.owner.abort_by, self.owner.abort_reason = d.by or "operator", d.reason
+            message = self.owner.aborted_message(message, self.engines.values())
+        return await self._end(ok, message)
+
+    async def _end(self, ok: bool, message: str) -> RestartResult:
         self.finished = True
+        if self.owner.enabled():
+            self.end_message = message
         await self.publish()
         await workflow.wait_condition(workflow.all_handlers_finished)
-        return RestartResult(
-            fleet=plan.fleet, mode="wave", ok=ok, state=self.run_state, message=message,
+        await self.owner.release()
+        result = RestartResult(
+            fleet=self.plan.fleet, mode="wave", ok=ok, state=self.run_state, message=message,
             started_at=self.started_at, finished_at=self.now(), engines=self.engines, events=self.events,
         )  # fmt: skip
+        if self.owner.enabled():
+            await self.publish()
+            run_outcome(result)
+        return result
 
     def _failure(self) -> str:
         return "; ".join(
@@ -120,6 +149,7 @@ class WaveRestart(RunbookSteps):
             state=self.state_keyword(),
             paused=self.paused, message=self._message() or self.header(), deadline_policy=self.deadline_policy,
             supervisor=self.supervisor.backend, wave_id=self.wave_id, started_at=self.started_at,
+            fleet_lock=self.owner.lock_id if self.owner.held else "",
             updated_at=self.now(), engines=self.engines, events=self.events,
         )  # fmt: skip
 
@@ -131,6 +161,8 @@ class WaveRestart(RunbookSteps):
     @workflow.signal
     async def pause(self) -> None:
         """Takes effect before the wave drain only: once drained, the fleet is already down."""
+        if self.paused and self.owner.enabled():
+            return  # a second pause changes nothing (and is not recorded twice)
         self.paused = True
         self.note_event("paused")
         await self.publish()

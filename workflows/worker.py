@@ -28,6 +28,7 @@ import httpx
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.preflight import PreflightActivities, fleet_lock_owner
 from activities.router import LifecycleActivities, LifecycleClient
 from activities.supervisor import SupervisorActivities
 from router import telemetry
@@ -44,7 +45,7 @@ from workflows.client import (
     ensure_search_attributes,
     security,
 )
-from workflows.restart import EngineRestart, RollingRestart, WaveRestart
+from workflows.restart import EngineRestart, FleetLock, RollingRestart, WaveRestart
 from workflows.worker_config import WorkerConfigError, WorkerSettings, add_flags, flag_overrides
 
 log = logging.getLogger("narwhal.worker")
@@ -86,16 +87,19 @@ def build_worker(
 ) -> Worker:
     lifecycle = LifecycleActivities(LifecycleClient(http, settings))
     supervisor = SupervisorActivities(http, settings)
+    preflight = PreflightActivities(lifecycle.client)
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[EngineRestart, RollingRestart, WaveRestart],
+        workflows=[EngineRestart, RollingRestart, WaveRestart, FleetLock],
         activities=[
             lifecycle.read_fleet,
             lifecycle.drain,
             lifecycle.wait_ready_to_stop,
             lifecycle.readmit,
             lifecycle.confirm_active,
+            preflight.preflight,
+            fleet_lock_owner,
             supervisor.probe_process,
             supervisor.restart_engine,
             supervisor.wait_new_process,

@@ -4,6 +4,7 @@ tests and the history recorder (scripts/record_histories.py) run the real workfl
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,11 @@ from workflows.models import (
     EngineView,
     FleetView,
     LaunchReport,
+    LockOwner,
+    LockOwnerRequest,
     NewProcess,
+    PreflightOutcome,
+    PreflightRequest,
     ProcessProbe,
     ReadmitOutcome,
     ReadmitRequest,
@@ -28,6 +33,7 @@ from workflows.models import (
     StartEngineRequest,
     StopWait,
     StopWaitRequest,
+    fleet_lock_id,
 )
 
 
@@ -61,6 +67,11 @@ class FakeFleet:
     wave_id: str = ""
     lose_launch: dict[str, str] = field(default_factory=dict)  # iid -> "before" | "after" (one attempt)
     launched_commands: list[str] = field(default_factory=list)  # every launch the fake performed
+    # the fleet lock's identity (unique per fake fleet: tests on one server do not share a lock)
+    identity: str = field(default_factory=lambda: uuid.uuid4().hex[:20])
+    preflight_error: str = ""  # the worker's preflight fails with this line
+    pins: dict[str, bool] = field(default_factory=dict)  # /narwhal/state pins (empty: not served)
+    floors: dict[str, int] = field(default_factory=dict)  # /narwhal/state floors (empty: not served)
 
     @classmethod
     def of(cls, roles: list[str]) -> FakeFleet:
@@ -79,7 +90,8 @@ class FakeFleet:
         return FleetView(
             router_url="http://fake", controls_fleet=True, ready=True, wave_id=self.wave_id,
             wave_active=bool(self.wave_id), engines={i: self.view(i) for i in self.engines},
-            roles={i: e.role for i, e in self.engines.items()}, model="m",
+            roles={i: e.role for i, e in self.engines.items()}, model="m", pins=dict(self.pins),
+            floors=dict(self.floors),
         )  # fmt: skip
 
     # -- activities ----------------------------------------------------------------------------
@@ -92,6 +104,23 @@ class FakeFleet:
                 self.read_entered.set()
                 await gate.wait()
             return self.fleet_view()
+
+        @activity.defn(name="preflight")
+        async def preflight(req: PreflightRequest) -> PreflightOutcome:
+            self.calls.append("preflight")
+            if self.preflight_error:
+                raise ApplicationError(self.preflight_error, type="PreflightFailed", non_retryable=True)
+            return PreflightOutcome(
+                view=self.fleet_view(), identity=self.identity, lock_id=fleet_lock_id(self.identity)
+            )
+
+        @activity.defn(name="fleet_lock_owner")
+        async def fleet_lock_owner(req: LockOwnerRequest) -> LockOwner:
+            desc = await activity.client().get_workflow_handle(req.lock_id).describe()
+            return LockOwner(
+                lock_id=req.lock_id, owner=desc.parent_id or "",
+                message=f"refused: fleet {req.fleet} is already being restarted by {desc.parent_id}",
+            )  # fmt: skip
 
         @activity.defn(name="drain")
         async def drain(req: DrainRequest) -> DrainOutcome:
@@ -214,6 +243,8 @@ class FakeFleet:
 
         return [
             read_fleet,
+            preflight,
+            fleet_lock_owner,
             drain,
             wait_ready_to_stop,
             start_engine,

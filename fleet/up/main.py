@@ -378,6 +378,7 @@ async def run_restart(stack: Stack, args: argparse.Namespace, summary: Summary) 
 
     from workflows.client import connect
     from workflows.models import RestartProgress, RestartResult, fleet_workflow_id
+    from workflows.outcome import failure_line, failure_result
 
     wid = fleet_workflow_id(stack.fleet_name)
     summary.workflow_id, summary.workflow_url = wid, stack.workflow_url(wid)
@@ -451,7 +452,8 @@ async def run_restart(stack: Stack, args: argparse.Namespace, summary: Summary) 
         try:
             result = await handle.result(rpc_timeout=RPC_TIMEOUT)
         except WorkflowFailureError as exc:
-            summary.problems.append(f"workflow failed: {exc.cause or exc}")
+            result = failure_result(exc)  # a failed or aborted run carries its result
+            summary.problems.append(f"workflow failed: {failure_line(exc)}")
         except RPCError as exc:
             summary.problems.append(f"workflow result unavailable: {exc.message}")
     summary.workflow_state = (

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 
 from tests.integration.conftest import Temporal, start_worker, wait_ready_line
 from tests.integration.restart_support import (
@@ -29,6 +29,7 @@ from tests.support.lifecycle import client_load, start_stack, wait_for
 from tests.support.procs import proc_group
 from tests.support.worker_config import session_worker_config
 from workflows.models import RestartProgress, RestartResult, fleet_workflow_id
+from workflows.outcome import final_result
 
 pytestmark = pytest.mark.integration
 
@@ -225,7 +226,11 @@ async def test_restarted_engine_failing_validation_waits_for_the_operator(
         else:
             ans = cli(temporal, "abort", "--fleet", fleet, "--reason", "give up")
             assert ans.returncode == 0, ans.stderr
-            res = await handle.result()
+            res = await final_result(handle)
             assert not res.ok and res.state == "aborted" and res.engines["e1"].outcome == "aborted"
+            assert res.message.startswith("aborted by ") and "give up" in res.message
+            assert (await handle.describe()).status == WorkflowExecutionStatus.FAILED  # status = outcome
+            status = cli(temporal, "status", "--fleet", fleet)
+            assert status.returncode == 1 and " failed — aborted: aborted by " in status.stdout, status.stdout
             assert engine_state(s.router.url, "e1") == "blocked"
         assert supervisor_restarts(s.supervisor)["e1"] == 1

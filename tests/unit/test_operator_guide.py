@@ -88,7 +88,7 @@ curl() {{
   if [ "$post" = 1 ]; then printf '%s\\n' "$body" >> {posts}; else cat {doc_path}; fi
 }}
 sleep() {{ echo "slept: the loop did not end" >&2; exit 7; }}
-R=http://router.invalid SUP=http://supervisor.invalid AUTH=()
+R=http://router.invalid R2=http://router2.invalid SUP=http://supervisor.invalid AUTH=()
 """
 
 
@@ -114,9 +114,21 @@ def test_wait_loop_ends_once_ready_to_stop(which: str, tmp_path: Path) -> None:
 
 def test_wait_loop_keeps_waiting_while_draining(tmp_path: Path) -> None:
     doc = _ours()
-    doc["engines"]["e0"]["ready_to_stop"] = False
+    doc["engines"]["e0"].update(ready_to_stop=False, state="draining")
     doc_path, posts = tmp_path / "lifecycle.json", tmp_path / "posts.jsonl"
     doc_path.write_text(json.dumps(doc))
     script = _fake_curl(doc_path, posts) + _blocks("until curl")
     run = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, check=False)
-    assert run.returncode == 7 and '"state":"drained"' in run.stdout  # printed the status, then slept
+    assert run.returncode == 7 and '"state":"draining"' in run.stdout  # printed the status, then slept
+
+
+@pytest.mark.parametrize("state", ["active", "blocked"])
+def test_wait_loop_ends_when_nothing_is_draining(state: str, tmp_path: Path) -> None:
+    """A refused drain (engine still active) or a blocked engine: the loop says so and ends."""
+    doc = _ours()
+    doc["engines"]["e0"].update(ready_to_stop=False, state=state)
+    doc_path, posts = tmp_path / "lifecycle.json", tmp_path / "posts.jsonl"
+    doc_path.write_text(json.dumps(doc))
+    script = _fake_curl(doc_path, posts) + _blocks("until curl")
+    run = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, check=False)
+    assert run.returncode == 0 and "e0 is not draining" in run.stderr and "slept" not in run.stderr

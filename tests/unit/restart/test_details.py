@@ -104,3 +104,29 @@ def test_schedule_intervals() -> None:
             parse_every(bad)
     args = parser().parse_args(["schedule", "create", "--router", "http://r", "--cron", "0 3 * * SUN"])
     assert args.cron == "0 3 * * SUN" and args.every is None
+
+
+def test_an_engines_final_line_says_what_really_happened() -> None:
+    """The abort that once said ``restarted in 59.7 s`` for an engine never restarted."""
+    drained = {"draining": 0.2, "waiting_to_stop": 3.0}
+    in_restart = {**drained, "restarting": 0.1, "waiting_for_new_process": 59.6}
+    steps = {
+        "draining": T0,
+        "waiting_to_stop": T0 + 1,
+        "restarting": T0 + 4,
+        "waiting_for_new_process": T0 + 5,
+    }
+    aborted = engine("e1", step="aborted", outcome="aborted", timings=in_restart, step_times=steps)
+    line = engine_line(aborted)
+    assert "e1** aborted: restart aborted (held out of placement)" in line
+    assert "drained in 3.2 s, restart aborted after 59.7 s" in line and "restarted in" not in line
+    held = engine("e2", step="aborted", outcome="aborted", timings=drained,
+                  step_times={"draining": T0, "waiting_to_stop": T0 + 1})  # fmt: skip
+    assert "aborted: not restarted (held out of placement)" in engine_line(held)
+    assert "drain aborted after 3.2 s" in engine_line(held)
+    back = engine("e3", step="failed", outcome="failed", new_process_start=T0 + 5,
+                  timings={**in_restart, "readmitting": 1.0},
+                  step_times={**steps, "readmitting": T0 + 64})  # fmt: skip
+    line = engine_line(back)
+    assert "failed: restarted, readmission failed" in line and "restarted in 59.7 s" in line
+    assert "readmission failed after 1.0 s" in line

@@ -19,7 +19,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from workflows.models import RestartPlan, RestartResult
-from workflows.restart import EngineRestart, RollingRestart, WaveRestart
+from workflows.owner import PATCH_FLEET_OWNER
+from workflows.restart import EngineRestart, FleetLock, RollingRestart, WaveRestart
 from workflows.steps import FLEET_KEY, PATCH_EXACTLY_ONCE_LAUNCH
 
 HISTORIES = Path(__file__).resolve().parents[2] / "fixtures" / "histories"
@@ -46,7 +47,7 @@ def test_the_recorded_histories_are_there() -> None:
     # one parent per scenario, children for the rolling ones; a missing directory must not pass silently
     assert {"narwhal-restart-rolling", "narwhal-restart-wave", "engine-restart-readmit-retry-e0"} <= names
     types = {load(p).events[0].workflow_execution_started_event_attributes.workflow_type.name for p in FILES}
-    assert types == {"EngineRestart", "RollingRestart", "WaveRestart"}
+    assert types == {"EngineRestart", "RollingRestart", "WaveRestart", "FleetLock"}
     # histories from before and after the exactly-once launch patch: both paths must replay
     assert {
         "narwhal-restart-exactly-once",
@@ -57,12 +58,24 @@ def test_the_recorded_histories_are_there() -> None:
     assert {"engine-restart-exactly-once-e0", "narwhal-restart-wave-exactly-once"} <= patched
     assert "engine-restart-rolling-e0" not in patched and "narwhal-restart-wave" not in patched
     assert "launch_started" in (HISTORIES / "engine-restart-exactly-once-e1.json").read_text()
+    # the fleet-owner path (preflight, fleet lock, status = outcome) and the runs from before it
+    owner = {p.stem for p in FILES if PATCH_FLEET_OWNER in patch_ids(load(p))}
+    assert {
+        "narwhal-restart-owner-canary",
+        "narwhal-restart-owner-refused",
+        "narwhal-restart-owner-abort",
+        "narwhal-restart-owner-wave",
+    } <= owner
+    assert "narwhal-restart-canary" not in owner and "narwhal-restart-wave" not in owner
+    failed = (HISTORIES / "narwhal-restart-owner-abort.json").read_text()
+    assert "workflowExecutionFailedEventAttributes" in failed and "RestartAborted" in failed
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 async def test_history_replays_deterministically(path: Path) -> None:
     replayer = Replayer(
-        workflows=[EngineRestart, RollingRestart, WaveRestart], data_converter=pydantic_data_converter
+        workflows=[EngineRestart, RollingRestart, WaveRestart, FleetLock],
+        data_converter=pydantic_data_converter,
     )
     result = await replayer.replay_workflow(load(path), raise_on_replay_failure=False)
     assert result.replay_failure is None, f"{path.name}: {result.replay_failure!r}"
