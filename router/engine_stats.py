@@ -22,12 +22,15 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from pydantic import BaseModel, ConfigDict, Field
 
 LEGS: tuple[str, str] = ("prefill", "decode")
-# 1-2.5-5 steps: a ratio of two percentiles read from these buckets is good to about ×1.5
+# fine steps (about ×1.25-1.5 apart): a ratio of two percentiles read from these buckets (the
+# canary analysis, workflows/analysis.py) is good to about that factor
 TTFT_BUCKETS: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+    0.15, 0.2, 0.25, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 TPOT_BUCKETS: tuple[float, ...] = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05,
+    0.075, 0.1, 0.25, 0.5, 1.0, 2.5,
 )  # fmt: skip
 
 

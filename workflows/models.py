@@ -23,6 +23,8 @@ from pydantic import (
     model_serializer,
 )
 
+from workflows.analysis import AnalysisPolicy, Sample
+
 PROGRESS_SCHEMA = "narwhal.restart-progress"
 RESULT_SCHEMA = "narwhal.restart-result"
 SCHEMA_VERSION = 1
@@ -50,7 +52,9 @@ Step = Literal[
 WAITING_FOR_OPERATOR: frozenset[str] = frozenset({"awaiting_approval", "blocked"})
 FINAL_STEPS: frozenset[str] = frozenset({"done", "aborted", "failed", "refused"})
 Outcome = Literal["pending", "running", "restarted", "aborted", "failed", "refused"]
-RunState = Literal["starting", "running", "paused", "waiting_operator", "done", "aborted", "failed"]
+RunState = Literal[
+    "starting", "running", "paused", "waiting_operator", "done", "aborted", "failed", "analysis_failed"
+]
 
 _FLEET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
@@ -154,6 +158,8 @@ class RestartPlan(_Model):
     timing: Timing = Field(default_factory=Timing)
     requested_by: str = ""
     pause_after: int = Field(default=0, ge=0)  # canary gate: wait for resume/approve after N engines
+    # canary analysis after each readmission (workflows/analysis.py, --analysis FILE); None: none
+    analysis: AnalysisPolicy | None = None
 
     @field_validator("fleet")
     @classmethod
@@ -240,6 +246,7 @@ class RestartProgress(_WithIso):
     pause_after: int = 0
     engines: dict[str, EngineProgress] = Field(default_factory=dict)
     events: list[OperatorEvent] = Field(default_factory=list)
+    analysis: list[Sample] = Field(default_factory=list)  # canary analysis samples, oldest first
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
 
@@ -259,6 +266,7 @@ class RestartResult(_WithIso):
     finished_at_iso: str = ""
     engines: dict[str, EngineProgress] = Field(default_factory=dict)
     events: list[OperatorEvent] = Field(default_factory=list)
+    analysis: list[Sample] = Field(default_factory=list)  # the canary analysis evidence
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
 

@@ -19,6 +19,9 @@ from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedErro
 with workflow.unsafe.imports_passed_through():
     from activities.documents import KNOWN_ROLES
     from activities.router import LifecycleActivities
+    from workflows.analysis import baseline_of
+    from workflows.analysis_text import analysis_table
+    from workflows.canary import CanaryAnalysis
     from workflows.details import render
     from workflows.models import (
         FINAL_STEPS,
@@ -178,6 +181,7 @@ class RollingRestart:
         self.gate = False  # the canary gate (--pause-after) waits for resume / approve
         self._gate_passed = False
         self._waiting: set[str] = set()
+        self.analysis = CanaryAnalysis(self, plan.analysis) if plan.analysis is not None else None
 
     # -- progress --------------------------------------------------------------------------------
 
@@ -211,6 +215,7 @@ class RollingRestart:
                 self.p.message,
                 self.p.events,
             )
+            + (f"\n\n{analysis_table(self.p.analysis)}" if self.p.analysis else "")
         )
         if self.p.state != self._sa_state:
             self._sa_state = self.p.state
@@ -271,9 +276,13 @@ class RollingRestart:
             bad = [r for r in results if r.outcome != "restarted"]
             if bad:
                 failed = "; ".join(f"{r.iid} {r.outcome}: {r.error or r.note}" for r in bad)
+            elif self.analysis is not None:  # canary analysis of what was just readmitted
+                failed = await self.analysis.judge_batch(batch, self._baseline(view, batch))
         ok = not failed and not queue
         aborted = self.abort_requested or any(e.outcome == "aborted" for e in self.p.engines.values())
         state: RunState = "done" if ok else ("aborted" if aborted else "failed")
+        if state == "failed" and self.analysis is not None and self.analysis.failed:
+            state = "analysis_failed"
         message = (
             "every engine restarted and readmitted"
             if ok
@@ -286,8 +295,13 @@ class RollingRestart:
         return RestartResult(
             fleet=plan.fleet, mode="rolling", ok=ok, state=state, message=message,
             started_at=self.p.started_at, finished_at=workflow.now().timestamp(), engines=self.p.engines,
-            events=self.p.events,
+            events=self.p.events, analysis=self.p.analysis,
         )  # fmt: skip
+
+    def _baseline(self, view: FleetView, batch: list[str]) -> list[str]:
+        """Engines not restarted yet (in the plan or not); with none left, those that passed."""
+        fresh = [i for i in view.engines if i not in self.p.engines or self.p.engines[i].outcome == "pending"]
+        return baseline_of(view.engines, batch, fresh, self.analysis.passed if self.analysis else [])
 
     def _canary_due(self, queue: list[str]) -> bool:
         """The canary gate closes once, when the first ``pause_after`` engines are back in service."""

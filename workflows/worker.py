@@ -23,6 +23,7 @@ import httpx
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.evidence import EvidenceActivities
 from activities.router import LifecycleActivities, LifecycleClient
 from activities.supervisor import SupervisorActivities
 from router import telemetry
@@ -76,6 +77,7 @@ def build_worker(
 ) -> Worker:
     lifecycle = LifecycleActivities(LifecycleClient(http))
     supervisor = SupervisorActivities(http)
+    evidence = EvidenceActivities(LifecycleClient(http))
     return Worker(
         client,
         task_queue=task_queue,
@@ -90,6 +92,7 @@ def build_worker(
             supervisor.restart_engine,
             supervisor.wait_new_process,
             supervisor.start_engine,
+            evidence.sample_evidence,
         ],
         graceful_shutdown_timeout=grace,
         sticky_queue_schedule_to_start_timeout=sticky_timeout,

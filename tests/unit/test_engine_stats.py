@@ -27,8 +27,8 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def test_legs_are_counted_per_engine_and_unknown_engines_are_ignored() -> None:
     st = EngineStats(["e0", "e1"])
-    st.prefill_served("e0", 0.02)
-    st.prefill_served("e0", 0.2)
+    st.prefill_served("e0", 0.022)
+    st.prefill_served("e0", 0.22)
     st.decode_served("e1", 0.004, 0.002)
     st.decode_served("e1", None, None)  # served, no timing known: counted, not observed
     st.leg_failed("e0", "prefill", "engine_error")
@@ -42,7 +42,7 @@ def test_legs_are_counted_per_engine_and_unknown_engines_are_ignored() -> None:
     p = snap["e0"].prefill
     assert (p.served, p.failed, p.ttft_s.count) == (2, {"engine_error": 2}, 2)
     assert p.ttft_s.counts[TTFT_BUCKETS.index(0.025)] == 1 and p.ttft_s.counts[TTFT_BUCKETS.index(0.25)] == 1
-    assert abs(p.ttft_s.sum - 0.22) < 1e-9 and p.tpot_s is None
+    assert abs(p.ttft_s.sum - 0.242) < 1e-9 and p.tpot_s is None
     d = snap["e1"].decode
     assert (d.served, d.failed, d.ttft_s.count) == (2, {"engine_timeout": 1}, 1)
     assert d.tpot_s is not None and d.tpot_s.count == 1
