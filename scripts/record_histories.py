@@ -10,7 +10,8 @@ Re-record only on purpose: the committed files are the histories that *old* work
 replaying them against the current workflow code is what catches a nondeterministic change. A
 change that must alter the command sequence goes behind ``workflow.patched(...)``; record a new
 scenario for the new path and keep the old files (the first five scenarios predate the
-``exactly-once-launch`` patch; ``exactly-once``, ``wave-exactly-once`` and ``canary`` record it).
+``exactly-once-launch`` patch; ``exactly-once``, ``wave-exactly-once`` and ``canary`` record it;
+``analysis`` records the canary analysis steps of ``--analysis``).
 
     .venv/bin/python scripts/record_histories.py [--out DIR] [--only NAME ...]
 """
@@ -36,6 +37,7 @@ from temporalio.worker import Worker  # noqa: E402
 
 from fleet.testing.restart_fakes import FakeFleet  # noqa: E402
 from fleet.testing.temporal import start_time_skipping, until_progress  # noqa: E402
+from workflows.analysis import AnalysisPolicy  # noqa: E402
 from workflows.models import (  # noqa: E402
     OperatorAnswer,
     OperatorRequest,
@@ -161,6 +163,13 @@ async def canary(env: WorkflowEnvironment, fleet: FakeFleet) -> RestartPlan:
     return p
 
 
+async def analysis(env: WorkflowEnvironment, fleet: FakeFleet) -> RestartPlan:
+    """Canary analysis after each engine (bake, two sample windows), every sample passing."""
+    p = plan("analysis", engines=["e0", "e1"], analysis=AnalysisPolicy(bake_s=5, interval_s=10, samples=2))
+    await finish(await start(env, p))
+    return p
+
+
 Scenario = Callable[[WorkflowEnvironment, FakeFleet], Awaitable[RestartPlan]]
 SCENARIOS: dict[str, tuple[list[str], Scenario]] = {
     "rolling": (["prefill", "prefill"], rolling),
@@ -171,6 +180,7 @@ SCENARIOS: dict[str, tuple[list[str], Scenario]] = {
     "exactly-once": (["prefill", "prefill"], exactly_once),
     "wave-exactly-once": (["prefill", "decode"], wave_exactly_once),
     "canary": (["prefill", "prefill"], canary),
+    "analysis": (["prefill", "prefill", "prefill"], analysis),
 }
 
 
@@ -199,7 +209,7 @@ async def record(only: list[str]) -> dict[str, str]:
                 p = await scenario(env, fleet)
             ids = [fleet_workflow_id(p.fleet)]
             if p.mode != "wave":
-                ids += [engine_workflow_id(p.fleet, iid) for iid in sorted(fleet.engines)]
+                ids += [engine_workflow_id(p.fleet, iid) for iid in (p.engines or sorted(fleet.engines))]
             for wid in ids:
                 history = await env.client.get_workflow_handle(wid).fetch_history()
                 histories[wid] = compact(history.to_json())

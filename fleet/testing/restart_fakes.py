@@ -11,6 +11,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from workflows.analysis import Buckets, EngineCounters, EvidenceSnapshot, LegCounters, RouterEvidence
 from workflows.models import (
     ConfirmRequest,
     DrainOutcome,
@@ -61,6 +62,11 @@ class FakeFleet:
     wave_id: str = ""
     lose_launch: dict[str, str] = field(default_factory=dict)  # iid -> "before" | "after" (one attempt)
     launched_commands: list[str] = field(default_factory=list)  # every launch the fake performed
+    # canary analysis (sample_evidence): each sample every engine served 50 more prefill legs,
+    # ``failing`` engines failed 20 more, ``quiet`` ones served none
+    samples: int = 0
+    failing: set[str] = field(default_factory=set)
+    quiet: set[str] = field(default_factory=set)
 
     @classmethod
     def of(cls, roles: list[str]) -> FakeFleet:
@@ -212,7 +218,27 @@ class FakeFleet:
             self.calls.append(f"confirm {','.join(req.engines)} ready={req.require_ready}")
             return self.fleet_view()
 
+        @activity.defn(name="sample_evidence")
+        async def sample_evidence(ref: RouterRef) -> EvidenceSnapshot:
+            self.samples += 1
+            n = self.samples
+            self.calls.append(f"sample {n}")
+            engines = {}
+            for iid in self.engines:
+                served = 0 if iid in self.quiet else 50 * n
+                engines[iid] = EngineCounters(
+                    prefill=LegCounters(
+                        served=served,
+                        failed={"engine_error": 20 * n} if iid in self.failing else {},
+                        ttft=Buckets(bounds=[0.01, 0.1], counts=[0, served, 0]),
+                    )
+                )
+            return EvidenceSnapshot(
+                at=float(n), routers={"http://fake": RouterEvidence(run="r", engines=engines)}
+            )
+
         return [
+            sample_evidence,
             read_fleet,
             drain,
             wait_ready_to_stop,

@@ -57,6 +57,10 @@ def test_the_recorded_histories_are_there() -> None:
     assert {"engine-restart-exactly-once-e0", "narwhal-restart-wave-exactly-once"} <= patched
     assert "engine-restart-rolling-e0" not in patched and "narwhal-restart-wave" not in patched
     assert "launch_started" in (HISTORIES / "engine-restart-exactly-once-e1.json").read_text()
+    # the canary analysis steps (--analysis): bake, sample activities, verdicts' timers
+    assert (HISTORIES / "narwhal-restart-analysis.json").read_text().count(
+        '"activityType":{"name":"sample_evidence"}'
+    ) == 6
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
