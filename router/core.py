@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from router.builds import EngineBuilds
 from router.clock import Clock, SystemClock
 from router.config import FleetConfig
 from router.counters import Counters
@@ -38,6 +39,8 @@ class RouterCore:
     demand_risk: DemandRisk = field(init=False)
     # per-engine, per-leg serving evidence (router/engine_stats.py): configured engines only
     engine_stats: EngineStats = field(init=False)
+    # each engine's build identity as last read (/version, attestation digests; router/builds.py)
+    engine_builds: EngineBuilds = field(default_factory=EngineBuilds)
 
     def __post_init__(self) -> None:
         ctl = self.config.controller

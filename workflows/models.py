@@ -206,6 +206,7 @@ class EngineProgress(_WithIso):
     accepts_new: bool | None = None
     checks: list[str] = Field(default_factory=list)
     error: str = ""
+    build: str = ""  # build identity the router last read (version · launch digest)
     old_process_start: float | None = None
     new_process_start: float | None = None
     restarted_by_us: bool = False
@@ -314,6 +315,7 @@ class EngineView(_Model):
     wave_id: str = ""
     checks: list[str] = Field(default_factory=list)
     error: str = ""
+    build: str = ""  # the engine's build identity as the router read it ("" = unknown)
 
 
 class FleetView(_Model):

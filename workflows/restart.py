@@ -240,8 +240,9 @@ class RollingRestart:
         queue = list(plan.engines) or sorted(view.engines)
         for iid in queue:
             self.p.engines[iid] = EngineProgress(
-                iid=iid, router_state=view.engines[iid].state if iid in view.engines else ""
-            )
+                iid=iid, router_state=view.engines[iid].state if iid in view.engines else "",
+                build=view.engines[iid].build if iid in view.engines else "",
+            )  # fmt: skip
         self._publish(message=f"{len(queue)} engine(s), {plan.max_unavailable} at a time")
         failed = ""
         while queue and not failed:

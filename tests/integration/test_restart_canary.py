@@ -170,6 +170,17 @@ async def _bad_build_is_stopped_at_the_first_engine(
     assert all(after[i] == restarts[i] for i in everyone if i != "e0"), after
     assert builds(s)["e0"] == build and all(builds(s)[i] != build for i in everyone if i != "e0")
     assert p.engines["e0"].outcome == "failed" and why in p.engines["e0"].error
+    # build identity: the mixed-version fleet, per engine, in the progress and the lifecycle document
+    version = BUILDS[build]["version"]
+    assert p.engines["e0"].build.startswith(f"{version} · launch sha256:"), p.engines["e0"].build
+    others = [p.engines[i].build for i in everyone if i != "e0"]
+    assert all(" · launch sha256:" in b and not b.startswith(version) for b in others), others
+    docs = lifecycle(s.router.url)["engines"]
+    assert docs["e0"]["build"]["version"] == version and docs["e1"]["build"]["version"] == "0.11.0"
+    # another build, another attested document (the launch digest too when its arguments differ)
+    assert docs["e0"]["build"]["attestation_digest"] != docs["e1"]["build"]["attestation_digest"]
+    if build == "failing":
+        assert docs["e0"]["build"]["launch_digest"] != docs["e1"]["build"]["launch_digest"]
     assert all(p.engines[i].step == "pending" for i in everyone if i != "e0")
     # held out of placement
     e0 = lifecycle(s.router.url)["engines"]["e0"]
@@ -188,26 +199,32 @@ async def _bad_build_is_stopped_at_the_first_engine(
 async def test_a_build_failing_a_fifth_of_its_requests_is_held_and_the_run_fails(
     temporal: Temporal, worker_queue: str, stack: Stack
 ) -> None:
-    p = await _bad_build_is_stopped_at_the_first_engine(
-        temporal, worker_queue, stack, "failing", "failure rate"
-    )
+    try:
+        p = await _bad_build_is_stopped_at_the_first_engine(
+            temporal, worker_queue, stack, "failing", "failure rate"
+        )
+    finally:
+        restore(stack, "e0")
     fail = next(x for x in p.analysis if x.verdict == "fail")
     assert fail.canary.failure_rate is not None and fail.canary.failure_rate > 0.02
     assert fail.canary.failed_by_reason.get("engine_error", 0) > 0 and fail.baseline.failed == 0
     ev = stack.router.get("/narwhal/state").json()["engine_evidence"]["e0"]["prefill"]
     assert ev["failed"].get("engine_error", 0) >= fail.canary.failed
-    restore(stack, "e0")
 
 
 async def test_a_build_with_three_times_the_ttft_is_held_and_the_run_fails(
     temporal: Temporal, worker_queue: str, stack: Stack
 ) -> None:
-    p = await _bad_build_is_stopped_at_the_first_engine(temporal, worker_queue, stack, "slow", "prefill TTFT")
+    try:
+        p = await _bad_build_is_stopped_at_the_first_engine(
+            temporal, worker_queue, stack, "slow", "prefill TTFT"
+        )
+    finally:
+        restore(stack, "e0")
     fail = next(x for x in p.analysis if x.verdict == "fail")
     c, b = fail.canary.ttft_s["prefill"], fail.baseline.ttft_s["prefill"]
     assert c is not None and b is not None and c / b > POLICY.max_ttft_ratio
     assert fail.canary.failed == 0  # slow, not failing
-    restore(stack, "e0")
 
 
 async def test_no_traffic_is_inconclusive_and_the_operator_approves(
@@ -246,6 +263,7 @@ async def test_no_traffic_is_inconclusive_and_the_operator_approves(
     assert [x.verdict for x in p.analysis] == ["inconclusive", "inconclusive"]
     assert "too little traffic" in p.analysis[0].reasons[0]
     status = cli(temporal, "status", "--fleet", fleet)
+    assert "build 0.11.0 · launch sha256:" in status.stdout, status.stdout
     assert "waiting operator" in status.stdout and "analysis sample 2 e0: inconclusive" in status.stdout, (
         status.stdout
     )
