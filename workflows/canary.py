@@ -159,8 +159,9 @@ class CanaryAnalysis:
         self.failed = True
         evidence = {s.engines[0]: s for s in h.p.analysis if s.verdict == "fail" and s.engines[0] in failed}
         held = "drained again and held out of placement"
+        states: dict[str, str] = {}
         try:
-            await workflow.execute_activity_method(
+            out = await workflow.execute_activity_method(
                 LifecycleActivities.drain,
                 DrainRequest(router=h.plan.router, engines=failed, deadline_s=h.plan.deadline_s),
                 retry_policy=_retry(),
@@ -169,12 +170,14 @@ class CanaryAnalysis:
                 schedule_to_close_timeout=timedelta(seconds=h.plan.timing.router_call_timeout_s),
                 heartbeat_timeout=timedelta(seconds=h.plan.timing.heartbeat_timeout_s),
             )
+            states = {i: v.state for i, v in out.engines.items()}
         except ActivityError as exc:
             held = f"could not be held out of placement ({cause_message(exc)})"
         now = workflow.now().timestamp()
         for iid in failed:
             e = h.p.engines[iid]
             e.step, e.outcome, e.finished_at = "failed", "failed", now
+            e.router_state = states.get(iid, e.router_state)
             why = "; ".join(evidence[iid].reasons) if iid in evidence else "analysis failed"
             e.error = f"canary analysis failed: {why}"
             e.note = f"restarted, then {held}"
