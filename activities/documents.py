@@ -42,6 +42,20 @@ class Resident(_Read):
     decode: int = Field(ge=0)
 
 
+class LifecycleBuild(_Read):
+    """Additive ``build`` of an engine entry (this router's; the peer's documents have none)."""
+
+    version: str
+    launch_digest: str = ""
+    attestation_digest: str = ""
+
+    def text(self) -> str:
+        """``0.12.0 · launch sha256:1a2b3c4d5e6f`` (the digest of what was launched, when attested)."""
+        digest = self.launch_digest or self.attestation_digest
+        kind = "launch" if self.launch_digest else "attestation"
+        return self.version + (f" · {kind} {digest[:19]}" if digest else "")
+
+
 class LifecycleEngine(_Read):
     state: LifecycleState
     draining: bool
@@ -54,6 +68,7 @@ class LifecycleEngine(_Read):
     new_process_start: float | None
     checks: list[str]
     error: str
+    build: LifecycleBuild | None = None
 
 
 class LifecycleRouter(_Read):

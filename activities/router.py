@@ -88,6 +88,7 @@ def _engine_view(e: LifecycleEngine) -> EngineView:
         resident=e.resident.prefill + e.resident.decode, old_process_start=e.old_process_start,
         new_process_start=e.new_process_start, restart_required=e.restart_required,
         wave_id=e.wave_id, checks=list(e.checks), error=e.error,
+        build=e.build.text() if e.build is not None else "",
     )  # fmt: skip
 
 

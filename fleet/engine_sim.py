@@ -52,6 +52,12 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         action="store_false",
         help="do not serve /v1/attestation (like stock vLLM: a narwhal-attest sidecar serves it)",
     )
+    ap.add_argument(
+        "--error-rate",
+        type=float,
+        default=0.0,
+        help="a degraded build: this share of requests fails (HTTP 500) from the start, as /sim/faults error_rate",
+    )
     a = ap.parse_args(argv)
     contract = dict(DEFAULT_CONTRACT)
     if a.contract_json:
@@ -59,6 +65,8 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         if not isinstance(loaded, dict):
             ap.error("--contract-json must hold a JSON object")
         contract = loaded
+    if not 0.0 <= a.error_rate <= 1.0:
+        ap.error("--error-rate must be between 0 and 1")
     if a.max_concurrency < 1 or a.kv_lease_s < 1:
         ap.error("--max-concurrency and --kv-lease-s must be >= 1")
     return SimConfig(
@@ -79,6 +87,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         sse_line_ending=a.sse_line_ending,
         max_model_len=a.max_model_len,
         attestation=a.attestation,
+        error_rate=a.error_rate,
     )
 
 

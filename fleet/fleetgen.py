@@ -24,6 +24,12 @@ def sim_command(
     """Command line of one simulated engine; ``opts`` become flags (``itl_ms=1`` → ``--itl-ms 1``;
     ``True`` → a bare flag: ``no_attestation=True`` → ``--no-attestation``)."""
     cmd = [sim_binary(), "--host", host, "--port", str(port), "--model", model, "--iid", iid]
+    return cmd + sim_flags(opts)
+
+
+def sim_flags(opts: Mapping[str, Any]) -> list[str]:
+    """Simulator options as flags (``itl_ms=1`` → ``--itl-ms 1``; ``True`` → a bare flag)."""
+    cmd: list[str] = []
     for key, value in opts.items():
         if value is None or value is False:
             continue
@@ -76,10 +82,13 @@ def supervisor_config(
     health_timeout_s: float = 30.0,
     stop_grace_s: float = 5.0,
     host: str = "127.0.0.1",
+    builds: Mapping[str, Mapping[str, Any]] | None = None,
     **sim_opts: Any,
 ) -> dict[str, Any]:
-    """Supervisor config running one simulated engine per ``(iid, port)``."""
+    """Supervisor config running one simulated engine per ``(iid, port)``; ``builds`` names other
+    simulator builds by their options (``{"degraded": {"error_rate": 0.2}}`` → ``--error-rate 0.2``)."""
     return {
+        "builds": {name: sim_flags(opts) for name, opts in (builds or {}).items()},
         "engines": [
             {
                 "iid": iid,

@@ -36,6 +36,9 @@ class SupervisorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     engines: list[EngineEntry]
+    # named builds: arguments appended to an engine's command when that build is staged
+    # (``POST /engines/{iid}/build``); the simulator's degraded builds are made this way
+    builds: dict[str, list[str]] = Field(default_factory=dict)
     health_timeout_s: float = Field(default=30.0, gt=0)
     stop_grace_s: float = Field(default=5.0, ge=0)
 
@@ -60,6 +63,8 @@ class ManagedEngine:
         # process start of the last process this supervisor launched and saw ready; used when the
         # live /metrics read fails (hung or SIGSTOPped engine) and for a crashed engine's guard
         self.last_start: float | None = None
+        self.staged_build = ""  # the build the next start / restart launches ("" = the command as configured)
+        self.build = ""  # the build of the running process
 
     @property
     def running(self) -> bool:
@@ -92,9 +97,20 @@ class ManagedEngine:
         live = await self.process_start()
         return live if live is not None else self.last_start
 
+    def stage(self, build: str) -> None:
+        """The next start or restart launches ``build`` (a name from the config's ``builds``)."""
+        if build and build not in self.cfg.builds:
+            raise KeyError(build)
+        self.staged_build = build
+
+    def command(self) -> list[str]:
+        return [*self.entry.command, *self.cfg.builds.get(self.staged_build, [])]
+
     async def describe(self) -> dict[str, Any]:
         running = self.running
         return {
+            "build": self.build if running else None,
+            "staged_build": self.staged_build,
             "url": self.url,
             "pid": self.pid if running else None,
             "running": running,
@@ -104,8 +120,10 @@ class ManagedEngine:
 
     async def _launch(self) -> None:
         env = {**os.environ, **self.entry.env} if self.entry.env else None
-        self.proc = await spawn_async(self.entry.command, env)  # dies with the supervisor
-        log.info("started %s pid %d: %s", self.entry.iid, self.proc.pid, " ".join(self.entry.command))
+        command = self.command()
+        self.proc = await spawn_async(command, env)  # dies with the supervisor
+        self.build = self.staged_build
+        log.info("started %s pid %d: %s", self.entry.iid, self.proc.pid, " ".join(command))
 
     async def _wait_ready(self, old_start: float | None) -> float:
         deadline = time.monotonic() + self.cfg.health_timeout_s

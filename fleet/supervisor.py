@@ -2,7 +2,8 @@
 
 API: ``GET /health``, ``GET /engines``, ``POST /engines/{iid}/restart`` (optional
 ``{"if_process_start": float}`` idempotency guard), ``POST /engines/{iid}/stop``,
-``POST /engines/{iid}/start``. On SIGTERM/SIGINT every engine it started is stopped by PID.
+``POST /engines/{iid}/start``, ``POST /engines/{iid}/build`` (``{"build": NAME}``: the named build
+of the config's ``builds`` that the next start or restart launches; ``""`` = as configured). On SIGTERM/SIGINT every engine it started is stopped by PID.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Supervisor:
         app.router.add_post("/engines/{iid}/restart", self.restart)
         app.router.add_post("/engines/{iid}/stop", self.stop)
         app.router.add_post("/engines/{iid}/start", self.start)
+        app.router.add_post("/engines/{iid}/build", self.stage_build)
         return app
 
     def _engine(self, request: web.Request) -> ManagedEngine | web.Response:
@@ -90,6 +92,25 @@ class Supervisor:
             return _json(await engine.restart(guard))
         except EngineStartError as exc:
             return _json({"iid": engine.entry.iid, "error": str(exc)}, 500)
+
+    async def stage_build(self, request: web.Request) -> web.Response:
+        engine = self._engine(request)
+        if isinstance(engine, web.Response):
+            return engine
+        try:
+            body = await request.json()
+        except ValueError:
+            return _json({"error": "body must be JSON"}, 400)
+        build = body.get("build") if isinstance(body, dict) else None
+        if not isinstance(build, str):
+            return _json({"error": 'body must be {"build": NAME}'}, 400)
+        try:
+            engine.stage(build)
+        except KeyError:
+            known = ", ".join(sorted(self.cfg.builds)) or "none configured"
+            return _json({"error": f"unknown build {build!r} (builds: {known})"}, 400)
+        log.info("engine %s: next launch runs build %s", engine.entry.iid, build or "(as configured)")
+        return _json({"iid": engine.entry.iid, "staged_build": build})
 
     async def stop(self, request: web.Request) -> web.Response:
         engine = self._engine(request)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from router.builds import EngineBuilds
 from router.clock import Clock, SystemClock
 from router.config import FleetConfig
 from router.counters import Counters
+from router.engine_stats import EngineStats
 from router.ha.control import ControlState
 from router.ha.demand_risk import DemandRisk
 from router.journal import Journal
@@ -35,6 +37,10 @@ class RouterCore:
     started_mono: float = field(init=False)
     # consolidation-risk events (spec §9.3): serving records "first_token_timeout" here
     demand_risk: DemandRisk = field(init=False)
+    # per-engine, per-leg serving evidence (router/engine_stats.py): configured engines only
+    engine_stats: EngineStats = field(init=False)
+    # each engine's build identity as last read (/version, attestation digests; router/builds.py)
+    engine_builds: EngineBuilds = field(default_factory=EngineBuilds)
 
     def __post_init__(self) -> None:
         ctl = self.config.controller
@@ -46,6 +52,7 @@ class RouterCore:
         self.started_wall = self.clock.wall()
         self.started_mono = self.clock.monotonic()
         self.demand_risk = DemandRisk(self.clock)
+        self.engine_stats = EngineStats(self.scheduler.engines)
 
     def max_tokens_limit(self) -> int | None:
         """The largest ``max_tokens`` a request may ask for (None: unbounded)."""

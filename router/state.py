@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from router.breaker import Breaker
 from router.config import Role
 from router.core import RouterCore
+from router.engine_stats import EngineEvidence
 from router.ha.demand_risk import DemandRiskDoc
 from router.lifecycle.document import LifecycleDocument, Resident
 from router.lifecycle.monitor import MonitorHealth
@@ -126,6 +127,11 @@ class StateDocument(_Strict):
     monitoring: MonitoringView
     demand_risk: DemandRiskDoc | None
     demand_evidence: DemandEvidence
+    engine_evidence: dict[str, EngineEvidence] = Field(
+        default_factory=dict,
+        description="per configured engine and leg: cumulative legs served, failed by reason, "
+        "TTFT and TPOT histograms of this router process (router/engine_stats.py)",
+    )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, title="narwhal.state v1")
 
@@ -228,6 +234,7 @@ def build_state(
             risk_age_s=core.demand_risk.age_s(),
             risk_events={k: n for k, n in sorted(core.demand_risk.counts.items()) if n},
         ),
+        engine_evidence=core.engine_stats.snapshot(),
     )
 
 

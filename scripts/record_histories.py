@@ -11,7 +11,8 @@ replaying them against the current workflow code is what catches a nondeterminis
 change that must alter the command sequence goes behind ``workflow.patched(...)``; record a new
 scenario for the new path and keep the old files (the first five scenarios predate the
 ``exactly-once-launch`` patch; ``exactly-once``, ``wave-exactly-once`` and ``canary`` record it;
-the ``owner-*`` scenarios record the ``fleet-owner`` path: preflight, fleet lock, status = outcome).
+the ``owner-*`` scenarios record the ``fleet-owner`` path: preflight, fleet lock, status = outcome;
+``analysis`` records the canary analysis steps of ``--analysis``).
 
     .venv/bin/python scripts/record_histories.py [--out DIR] [--only NAME ...]
 """
@@ -37,6 +38,7 @@ from temporalio.worker import Worker  # noqa: E402
 
 from fleet.testing.restart_fakes import FakeFleet  # noqa: E402
 from fleet.testing.temporal import start_time_skipping, until_progress  # noqa: E402
+from workflows.analysis import AnalysisPolicy  # noqa: E402
 from workflows.models import (  # noqa: E402
     FLEET_LOCK_PREFIX,
     OperatorAnswer,
@@ -203,6 +205,13 @@ async def owner_wave(env: WorkflowEnvironment, fleet: FakeFleet) -> RestartPlan:
     return p
 
 
+async def analysis(env: WorkflowEnvironment, fleet: FakeFleet) -> RestartPlan:
+    """Canary analysis after each engine (bake, two sample windows), every sample passing."""
+    p = plan("analysis", engines=["e0", "e1"], analysis=AnalysisPolicy(bake_s=5, interval_s=10, samples=2))
+    await finish(await start(env, p))
+    return p
+
+
 Scenario = Callable[[WorkflowEnvironment, FakeFleet], Awaitable[RestartPlan]]
 SCENARIOS: dict[str, tuple[list[str], Scenario]] = {
     "rolling": (["prefill", "prefill"], rolling),
@@ -216,6 +225,7 @@ SCENARIOS: dict[str, tuple[list[str], Scenario]] = {
     "owner-canary": (["prefill", "prefill"], owner_canary),
     "owner-abort": (["prefill", "prefill"], owner_abort),
     "owner-wave": (["prefill", "decode"], owner_wave),
+    "analysis": (["prefill", "prefill", "prefill"], analysis),
 }
 # scenarios whose runs take the fleet lock (its history and a refused run's are recorded too)
 EXTRA_RUNS = {"owner-canary": ["owner-refused"]}

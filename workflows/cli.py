@@ -47,6 +47,8 @@ from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from router import telemetry
+from workflows.analysis_file import policy_summary, read_policy
+from workflows.analysis_text import verdict_line
 from workflows.client import (
     DEFAULT_TASK_QUEUE,
     TemporalUnavailable,
@@ -187,6 +189,11 @@ async def build_plan(args: argparse.Namespace) -> tuple[RestartPlan, str]:
         print(f"note: {note}", file=sys.stderr)
     if args.pause_after and pre.mode == "wave":
         raise PreflightError("--pause-after is a canary gate between engines: a whole-wave restart has none")
+    analysis = read_policy(args.analysis) if args.analysis else None
+    if analysis is not None and pre.mode == "wave":
+        raise PreflightError(
+            "--analysis judges restarted engines against the rest: a whole-wave restart has no baseline"
+        )
     if args.pause_after >= len(pre.engines):
         raise PreflightError(
             f"--pause-after {args.pause_after} leaves no engine after the gate ({len(pre.engines)} engines)"
@@ -201,7 +208,7 @@ async def build_plan(args: argparse.Namespace) -> tuple[RestartPlan, str]:
         engines=pre.engines, engine_urls=pre.engine_urls, max_unavailable=args.max_unavailable,
         deadline_s=args.deadline_s, deadline_policy=args.deadline_policy,
         timing=Timing(poll_interval_s=args.poll_interval, new_process_timeout_s=args.restart_timeout_s),
-        requested_by=args.requested_by, pause_after=args.pause_after,
+        requested_by=args.requested_by, pause_after=args.pause_after, analysis=analysis,
     )  # fmt: skip
     gate = (
         f"\n- canary gate: waits for the operator after {plan.pause_after} engine(s)"
@@ -214,6 +221,7 @@ async def build_plan(args: argparse.Namespace) -> tuple[RestartPlan, str]:
         f"{plan.supervisor.url or plan.supervisor.template}\n- drain deadline {plan.deadline_s:g} s, "
         f"policy `{plan.deadline_policy}`, max unavailable {plan.max_unavailable}{gate}\n"
         f"- requested by {plan.requested_by or 'unknown'}"
+        + (f"\n- canary analysis: {policy_summary(analysis)}" if analysis is not None else "")
     )
     return plan, details
 
@@ -372,6 +380,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
         print(_engine_line(e, now))
     for ev in p.events[-5:]:
         print(f"  ** {event_line(ev)}")
+    for s in p.analysis[-6:]:
+        print(f"  analysis {verdict_line(s)}")
     return 1 if desc.status in ENDED_BADLY else 0
 
 
@@ -520,6 +530,14 @@ def add_start_flags(s: argparse.ArgumentParser) -> None:
         default=600.0,
         help="how long to wait for an engine to serve a newer process after its restart; past it the "
         "engine is blocked and the restart waits for `retry` (after repair) or `abort` (default 600)",
+    )
+    s.add_argument(
+        "--analysis",
+        default="",
+        metavar="FILE",
+        help="canary analysis (rolling): after each readmission judge the restarted engine's live traffic "
+        "against the engines not restarted yet, with the policy in FILE (JSON or YAML; workflows/analysis.py); "
+        "a failing engine is held and the rollout stops",
     )
     s.add_argument(
         "--pause-after",

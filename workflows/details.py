@@ -126,6 +126,8 @@ def engine_line(e: EngineProgress, now: float | None = None) -> str:
         parts[0] += f": {outcome_words(e)}"
     if e.router_state:
         parts.append(f"router {e.router_state}")
+    if e.build:
+        parts.append(f"build {e.build}")
     phases = phase_durations(e, now)
     if phases:
         parts.append(", ".join(phases))

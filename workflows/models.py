@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from workflows.analysis import AnalysisPolicy, Sample
+
 PROGRESS_SCHEMA = "narwhal.restart-progress"
 RESULT_SCHEMA = "narwhal.restart-result"
 SCHEMA_VERSION = 1
@@ -53,7 +55,9 @@ Step = Literal[
 WAITING_FOR_OPERATOR: frozenset[str] = frozenset({"awaiting_approval", "blocked"})
 FINAL_STEPS: frozenset[str] = frozenset({"done", "aborted", "failed", "refused"})
 Outcome = Literal["pending", "running", "restarted", "aborted", "failed", "refused"]
-RunState = Literal["starting", "running", "paused", "waiting_operator", "done", "aborted", "failed"]
+RunState = Literal[
+    "starting", "running", "paused", "waiting_operator", "done", "aborted", "failed", "analysis_failed"
+]
 
 _FLEET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
@@ -188,6 +192,8 @@ class RestartPlan(_Model):
     timing: Timing = Field(default_factory=Timing)
     requested_by: str = ""
     pause_after: int = Field(default=0, ge=0)  # canary gate: wait for resume/approve after N engines
+    # canary analysis after each readmission (workflows/analysis.py, --analysis FILE); None: none
+    analysis: AnalysisPolicy | None = None
 
     @field_validator("fleet")
     @classmethod
@@ -234,6 +240,7 @@ class EngineProgress(_WithIso):
     accepts_new: bool | None = None
     checks: list[str] = Field(default_factory=list)
     error: str = ""
+    build: str = ""  # build identity the router last read (version · launch digest)
     old_process_start: float | None = None
     new_process_start: float | None = None
     restarted_by_us: bool = False
@@ -275,6 +282,7 @@ class RestartProgress(_WithIso):
     fleet_lock: str = ""  # the lock workflow this run holds (empty: not held / not yet)
     engines: dict[str, EngineProgress] = Field(default_factory=dict)
     events: list[OperatorEvent] = Field(default_factory=list)
+    analysis: list[Sample] = Field(default_factory=list)  # canary analysis samples, oldest first
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
 
@@ -294,6 +302,7 @@ class RestartResult(_WithIso):
     finished_at_iso: str = ""
     engines: dict[str, EngineProgress] = Field(default_factory=dict)
     events: list[OperatorEvent] = Field(default_factory=list)
+    analysis: list[Sample] = Field(default_factory=list)  # the canary analysis evidence
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
 
@@ -341,6 +350,7 @@ class EngineView(_Model):
     wave_id: str = ""
     checks: list[str] = Field(default_factory=list)
     error: str = ""
+    build: str = ""  # the engine's build identity as the router read it ("" = unknown)
 
 
 class FleetView(_Model):

@@ -19,6 +19,9 @@ from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedErro
 with workflow.unsafe.imports_passed_through():
     from activities.documents import KNOWN_ROLES
     from activities.router import LifecycleActivities
+    from workflows.analysis import baseline_of
+    from workflows.analysis_text import analysis_table
+    from workflows.canary import CanaryAnalysis
     from workflows.details import render
     from workflows.fleet_lock import FleetLock
     from workflows.floors import floor_breach
@@ -222,6 +225,7 @@ class RollingRestart:
         self._waiting: set[str] = set()
         self.owner = FleetOwner()
         self._abort_sent: set[str] = set()
+        self.analysis = CanaryAnalysis(self, plan.analysis) if plan.analysis is not None else None
 
     # -- progress --------------------------------------------------------------------------------
 
@@ -256,6 +260,7 @@ class RollingRestart:
                 self.p.message,
                 self.p.events,
             )
+            + (f"\n\n{analysis_table(self.p.analysis)}" if self.p.analysis else "")
         )
         if self.p.state != self._sa_state:
             self._sa_state = self.p.state
@@ -287,8 +292,9 @@ class RollingRestart:
         queue = list(plan.engines) or sorted(view.engines)
         for iid in queue:
             self.p.engines[iid] = EngineProgress(
-                iid=iid, router_state=view.engines[iid].state if iid in view.engines else ""
-            )
+                iid=iid, router_state=view.engines[iid].state if iid in view.engines else "",
+                build=view.engines[iid].build if iid in view.engines else "",
+            )  # fmt: skip
         self._publish(message=f"{len(queue)} engine(s), {plan.max_unavailable} at a time")
         failed = ""
         while queue and not failed:
@@ -331,9 +337,13 @@ class RollingRestart:
             bad = [r for r in results if r.outcome != "restarted"]
             if bad:
                 failed = "; ".join(f"{r.iid} {r.outcome}: {r.error or r.note}" for r in bad)
+            elif self.analysis is not None:  # canary analysis of what was just readmitted
+                failed = await self.analysis.judge_batch(batch, self._baseline(view, batch))
         ok = not failed and not queue
         aborted = self.abort_requested or any(e.outcome == "aborted" for e in self.p.engines.values())
         state: RunState = "done" if ok else ("aborted" if aborted else "failed")
+        if state == "failed" and self.analysis is not None and self.analysis.failed:
+            state = "analysis_failed"
         message = (
             "every engine restarted and readmitted"
             if ok
@@ -355,11 +365,16 @@ class RollingRestart:
         result = RestartResult(
             fleet=self.plan.fleet, mode="rolling", ok=ok, state=state, message=message,
             started_at=self.p.started_at, finished_at=workflow.now().timestamp(), engines=self.p.engines,
-            events=self.p.events,
+            events=self.p.events, analysis=self.p.analysis,
         )  # fmt: skip
         if self.owner.enabled():
             run_outcome(result)  # raises ApplicationError unless every engine was restarted
         return result
+
+    def _baseline(self, view: FleetView, batch: list[str]) -> list[str]:
+        """Engines not restarted yet (in the plan or not); with none left, those that passed."""
+        fresh = [i for i in view.engines if i not in self.p.engines or self.p.engines[i].outcome == "pending"]
+        return baseline_of(view.engines, batch, fresh, self.analysis.passed if self.analysis else [])
 
     def _canary_due(self, queue: list[str]) -> bool:
         """The canary gate closes once, when the first ``pause_after`` engines are back in service."""

@@ -614,6 +614,7 @@ class RunbookSteps:
                 for iid in iids:
                     if iid in serving.engines:
                         self.engines[iid].accepts_new = serving.engines[iid].accepts_new
+                        self.engines[iid].build = serving.engines[iid].build
                 await self.step(iids, "done", error="")
                 return True
             except ActivityError as exc:

@@ -28,6 +28,7 @@ import httpx
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.evidence import EvidenceActivities
 from activities.preflight import PreflightActivities, fleet_lock_owner
 from activities.router import LifecycleActivities, LifecycleClient
 from activities.supervisor import SupervisorActivities
@@ -88,6 +89,7 @@ def build_worker(
     lifecycle = LifecycleActivities(LifecycleClient(http, settings))
     supervisor = SupervisorActivities(http, settings)
     preflight = PreflightActivities(lifecycle.client)
+    evidence = EvidenceActivities(lifecycle.client)
     return Worker(
         client,
         task_queue=task_queue,
@@ -104,6 +106,7 @@ def build_worker(
             supervisor.restart_engine,
             supervisor.wait_new_process,
             supervisor.start_engine,
+            evidence.sample_evidence,
         ],
         graceful_shutdown_timeout=grace,
         sticky_queue_schedule_to_start_timeout=sticky_timeout,

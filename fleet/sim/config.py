@@ -32,6 +32,7 @@ class SimConfig:
     max_model_len: int = 8192
     sse_line_ending: Literal["lf", "crlf", "cr"] = "lf"  # how streamed SSE lines end
     attestation: bool = True  # serve GET /v1/attestation itself (off: a narwhal-attest sidecar does)
+    error_rate: float = 0.0  # a degraded build: this share of requests fails from the start (500)
 
     @property
     def descriptor_host(self) -> str:
@@ -60,6 +61,7 @@ class SimConfig:
                 str(self.max_model_len),
                 "--kv-transfer-config",
                 json.dumps(self.kv_transfer_config(), sort_keys=True, separators=(",", ":")),
+                *(["--error-rate", str(self.error_rate)] if self.error_rate else []),
             ],
             "kv_transfer_config": self.kv_transfer_config(),
         }

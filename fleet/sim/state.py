@@ -148,7 +148,7 @@ class EngineState:
         self.cfg = cfg
         self.process_start = time.time() if process_start is None else process_start
         self.engine_id = f"{cfg.iid}-{uuid.uuid4().hex[:12]}"
-        self.faults = Faults()
+        self.faults = Faults(error_rate=cfg.error_rate)  # a degraded build fails from the start
         self.stats = Stats()
         self.kv = KvStore(cfg.kv_lease_s)
         self.rng = random.Random(cfg.seed)

@@ -12,6 +12,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from workflows.analysis import Buckets, EngineCounters, EvidenceSnapshot, LegCounters, RouterEvidence
 from workflows.models import (
     ConfirmRequest,
     DrainOutcome,
@@ -72,6 +73,11 @@ class FakeFleet:
     preflight_error: str = ""  # the worker's preflight fails with this line
     pins: dict[str, bool] = field(default_factory=dict)  # /narwhal/state pins (empty: not served)
     floors: dict[str, int] = field(default_factory=dict)  # /narwhal/state floors (empty: not served)
+    # canary analysis (sample_evidence): each sample every engine served 50 more prefill legs,
+    # ``failing`` engines failed 20 more, ``quiet`` ones served none
+    samples: int = 0
+    failing: set[str] = field(default_factory=set)
+    quiet: set[str] = field(default_factory=set)
 
     @classmethod
     def of(cls, roles: list[str]) -> FakeFleet:
@@ -241,7 +247,27 @@ class FakeFleet:
             self.calls.append(f"confirm {','.join(req.engines)} ready={req.require_ready}")
             return self.fleet_view()
 
+        @activity.defn(name="sample_evidence")
+        async def sample_evidence(ref: RouterRef) -> EvidenceSnapshot:
+            self.samples += 1
+            n = self.samples
+            self.calls.append(f"sample {n}")
+            engines = {}
+            for iid in self.engines:
+                served = 0 if iid in self.quiet else 50 * n
+                engines[iid] = EngineCounters(
+                    prefill=LegCounters(
+                        served=served,
+                        failed={"engine_error": 20 * n} if iid in self.failing else {},
+                        ttft=Buckets(bounds=[0.01, 0.1], counts=[0, served, 0]),
+                    )
+                )
+            return EvidenceSnapshot(
+                at=float(n), routers={"http://fake": RouterEvidence(run="r", engines=engines)}
+            )
+
         return [
+            sample_evidence,
             read_fleet,
             preflight,
             fleet_lock_owner,

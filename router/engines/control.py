@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import orjson
 
+from router.builds import EngineBuilds
 from router.config import EngineSpec, FleetConfig
 from router.engines.identity import ProcessStartError, read_process_start
 from router.engines.legs import find_descriptor
@@ -104,6 +105,7 @@ class EngineControl:
         if eng.engine_api_key_env and os.environ.get(eng.engine_api_key_env):
             self.headers["authorization"] = f"Bearer {os.environ[eng.engine_api_key_env]}"
         self.control_timeout = httpx.Timeout(eng.health_timeout_s)
+        self.builds: EngineBuilds | None = None  # told every identity and attestation read (router/builds.py)
         self.prefill_timeout = httpx.Timeout(config.serving.prefill_timeout_s, connect=eng.health_timeout_s)
         self.decode_timeout = httpx.Timeout(eng.decode_read_timeout_s, connect=eng.health_timeout_s)
 
@@ -148,13 +150,19 @@ class EngineControl:
         metrics = await c.get(url + "/metrics", headers=self.headers, timeout=self.control_timeout)
         if metrics.status_code != 200:
             raise EngineAnswerError(f"/metrics answered HTTP {metrics.status_code}")
-        return Identity(version, parse_process_start(metrics.text))
+        identity = Identity(version, parse_process_start(metrics.text))
+        if self.builds is not None:
+            self.builds.saw_identity(iid, identity.version, identity.process_start)
+        return identity
 
     async def attestation(self, iid: str) -> Any:
         url = self.spec(iid).attestation_url
         if not url:
             raise EngineAnswerError("attestation_url is not configured")
-        return _json(await self.client().get(url, timeout=self.control_timeout), "attestation")
+        doc = _json(await self.client().get(url, timeout=self.control_timeout), "attestation")
+        if self.builds is not None:
+            self.builds.saw_attestation(iid, doc)
+        return doc
 
     async def models(self, iid: str) -> list[str]:
         resp = await self.client().get(

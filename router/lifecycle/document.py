@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, field_validator
 
+from router.builds import BuildView
 from router.core import RouterCore
 from router.lifecycle.machine import LifecycleMachine
 from router.lifecycle.models import DrainRecord, LifecycleState
@@ -58,6 +59,8 @@ class EngineView(_Strict):
     new_process_start: float | None
     checks: list[str]
     error: str
+    # additive: the build identity last read from the engine (router/builds.py); absent until read
+    build: BuildView | None = None
 
 
 class LifecycleEvent(BaseModel):
@@ -84,7 +87,11 @@ class LifecycleDocument(_Strict):
 
     def to_json(self) -> dict[str, Any]:
         exclude = {"replicas"} if self.replicas is None else None
-        return self.model_dump(mode="json", by_alias=True, exclude=exclude)
+        doc = self.model_dump(mode="json", by_alias=True, exclude=exclude)
+        for entry in doc["engines"].values():  # additive fields absent until known: the peer's shape
+            if entry.get("build") is None:
+                entry.pop("build", None)
+        return doc
 
 
 def engine_view(
@@ -111,6 +118,7 @@ def engine_view(
         new_process_start=rec.new_process_start if rec is not None else None,
         checks=list(rec.checks) if rec is not None else [],
         error=_error(rec, sched.excluded.get(iid, "")),
+        build=core.engine_builds.view(iid),
     )
 
 

@@ -50,6 +50,7 @@ class LifecycleService:
         self.core = core
         self._owns_control = control is None
         self.control = control or EngineControl(core.config)
+        self.control.builds = core.engine_builds
         self.machine = LifecycleMachine(core.config, core.scheduler, core.clock, on_event=core.journal.append)
         self.readmission = Readmission(core.config, core.scheduler, self.machine, self.control, eject=eject)
         self.lock = asyncio.Lock()

@@ -260,6 +260,7 @@ class Serving:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _evidence(self, f: LegFailure, producer: str | None) -> None:
+        self.core.engine_stats.leg_failed(f.iid, f.phase, f.reason)
         if f.kind == "response_limit":  # the answer was too big for this router: not the engine's fault
             return
         if f.kind == "rejected":
@@ -312,11 +313,14 @@ class Serving:
             xrid = f"{xrid}-a{attempt}"
         rec.prefill_iid, rec.decode_iid = p.iid, None
         p.resident_prefill += 1
+        opened = self.core.clock.monotonic()
         try:
             desc = await engines.prefill(p.iid, p.url, path, prefill_body(body, self.model), xrid)
         finally:
             p.resident_prefill -= 1
         self.breaker.record_success(p.iid, "prefill")
+        rec.decode_opened_at = self.core.clock.monotonic()
+        self.core.engine_stats.prefill_served(p.iid, rec.decode_opened_at - opened)
         d = (
             sched.pick("decode", exclude=(p.iid, *tried))
             or sched.pick("decode", exclude=tried)

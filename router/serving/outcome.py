@@ -28,6 +28,7 @@ class RequestRecord:
         "cancelled_phase",
         "client_rid",
         "decode_iid",
+        "decode_opened_at",
         "engine_rid",
         "error",
         "error_code",
@@ -58,6 +59,7 @@ class RequestRecord:
         self.error_code: str | None = None
         self.prefill_iid: str | None = None
         self.decode_iid: str | None = None
+        self.decode_opened_at: float | None = None  # when the decode leg was asked for (evidence)
         self.attempts = 0
         self.attempt_failures: list[str] = []
         self.first_token_at: float | None = None
@@ -97,6 +99,9 @@ def finish(
     if rec.first_token_at is not None and rec.output_len > 1:
         tpot = (now - rec.first_token_at) / (rec.output_len - 1)
     if outcome == "served":
+        opened = rec.decode_opened_at
+        first = rec.first_token_at - opened if rec.first_token_at is not None and opened is not None else None
+        core.engine_stats.decode_served(rec.decode_iid, first, tpot)
         stats.e2e.observe(duration)
         if ttft is not None:
             stats.ttft.observe(ttft)

@@ -80,3 +80,15 @@ def test_sim_contract_json_and_advertise_host(tmp_path: Path) -> None:
     assert cfg.contract == {"engine_version": "9.9.9"}
     assert cfg.descriptor_host == "engine-a"
     assert parse_args(["--host", "127.0.0.2"]).descriptor_host == "127.0.0.2"
+
+
+def test_named_builds_append_their_flags_and_a_degraded_sim_fails_from_the_start() -> None:
+    raw = supervisor_config(
+        [("e0", 9001)], model="m", builds={"degraded": {"error_rate": 0.2, "version": "0.12.0-rc1"}}
+    )
+    cfg = SupervisorConfig.model_validate(raw)
+    assert cfg.builds == {"degraded": ["--error-rate", "0.2", "--version", "0.12.0-rc1"]}
+    sim = parse_args([*cfg.engines[0].command[1:], *cfg.builds["degraded"]])
+    assert (sim.error_rate, sim.version) == (0.2, "0.12.0-rc1")
+    assert "--error-rate" in sim.launch()["args"]  # another build: another launch digest
+    assert "--error-rate" not in parse_args(cfg.engines[0].command[1:]).launch()["args"]

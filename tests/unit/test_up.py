@@ -435,3 +435,21 @@ def test_failover_needs_a_restart(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--failover", "--restart", "none"]) == 2
     assert "--failover kills the primary during the restart" in capsys.readouterr().err
     assert "NOT counted as failures" in " ".join(build_parser().format_help().split())
+
+
+def test_bad_build_succeeds_only_when_the_canary_analysis_halts_it(tmp_path: Path) -> None:
+    from fleet.up.main import main
+    from fleet.up.stack import DEMO_ANALYSIS, bad_builds
+    from workflows.analysis import AnalysisPolicy
+
+    AnalysisPolicy.model_validate(DEMO_ANALYSIS)  # the demo's policy file is a valid policy
+    assert (
+        bad_builds(1.0)["failing"]["error_rate"] == 0.2 and bad_builds(40.0)["slow"]["ttft_base_ms"] == 120.0
+    )
+    assert main(["--bad-build", "failing", "--restart", "wave", "--state-dir", str(tmp_path / "s")]) == 2
+    halted = _summary()
+    halted.expect_halt, halted.workflow_state = True, "analysis_failed"
+    assert halted.ok and "the bad build was halted by the canary analysis" in halted.render()
+    rolled = _summary()
+    rolled.expect_halt = True  # every engine restarted onto the bad build: the demo failed
+    assert not rolled.ok and "the bad build was NOT halted" in rolled.render()

@@ -69,6 +69,10 @@ def test_the_recorded_histories_are_there() -> None:
     assert "narwhal-restart-canary" not in owner and "narwhal-restart-wave" not in owner
     failed = (HISTORIES / "narwhal-restart-owner-abort.json").read_text()
     assert "workflowExecutionFailedEventAttributes" in failed and "RestartAborted" in failed
+    # the canary analysis steps (--analysis): bake, sample activities, verdicts' timers
+    assert (HISTORIES / "narwhal-restart-analysis.json").read_text().count(
+        '"activityType":{"name":"sample_evidence"}'
+    ) == 6
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
