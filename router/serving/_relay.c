@@ -236,17 +236,30 @@ static PyObject *id_list_count(PyObject *self, PyObject *const *args, Py_ssize_t
     if (start == end) {
         return PyLong_FromSsize_t(0);
     }
-    const char *b = PyBytes_AS_STRING(args[0]);
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    /* branch-free over blocks of 128 bytes with byte-wide counters (the compiler vectorises the
+     * inner loop): a long prompt's ids are tens of kilobytes */
     Py_ssize_t commas = 0;
-    for (Py_ssize_t k = start; k < end; k++) {
-        char c = b[k];
-        if (c == ',') {
-            commas++;
-        } else if (c < '0' || c > '9') {
-            return PyLong_FromSsize_t(-1);
+    unsigned char bad = 0;
+    Py_ssize_t k = start;
+    for (; k + 128 <= end; k += 128) {
+        unsigned char n = 0, odd = 0;
+        for (int i = 0; i < 128; i++) {
+            unsigned char c = b[k + i];
+            unsigned char comma = c == ',';
+            n += comma;
+            odd |= (unsigned char)((unsigned char)(c - '0') > 9) & (unsigned char)!comma;
         }
+        commas += n;
+        bad |= odd;
     }
-    return PyLong_FromSsize_t(commas + 1);
+    for (; k < end; k++) {
+        unsigned char c = b[k];
+        unsigned char comma = c == ',';
+        commas += comma;
+        bad |= (unsigned char)((unsigned char)(c - '0') > 9) & (unsigned char)!comma;
+    }
+    return PyLong_FromSsize_t(bad ? -1 : commas + 1);
 }
 
 static PyMethodDef methods[] = {

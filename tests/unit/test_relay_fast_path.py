@@ -357,11 +357,20 @@ def test_a_long_prompts_ids_are_cut_without_a_full_parse() -> None:
 @given(
     data=st.one_of(
         st.binary(max_size=80),
-        st.lists(st.integers(0, 10**6), max_size=30).map(lambda ids: orjson.dumps(ids)[1:-1]),
+        st.lists(st.integers(0, 10**6), max_size=300).map(lambda ids: orjson.dumps(ids)[1:-1]),
+        st.tuples(
+            st.lists(st.integers(0, 10**6), min_size=30, max_size=300),
+            st.integers(0),
+            st.binary(min_size=1, max_size=1),
+        ).map(
+            lambda t: (lambda ids: ids[: t[1] % len(ids)] + t[2] + ids[t[1] % len(ids) :])(
+                orjson.dumps(t[0])[1:-1]
+            )
+        ),  # a long list with one other byte anywhere (past the C loop's 128-byte blocks too)
         st.text(alphabet="0123456789, ]x", max_size=40).map(str.encode),
     ),
-    start=st.integers(0, 100),
-    stop=st.integers(0, 100),
+    start=st.integers(0, 3000),
+    stop=st.integers(0, 3000),
 )
 def test_native_prompt_id_count_is_the_python_one(data: bytes, start: int, stop: int) -> None:
     """The prompt ids of a first chunk are counted by ``_relay.id_list_count`` (no copy of the ids):
