@@ -41,6 +41,8 @@ from fleet.testing.streams import (  # noqa: E402, F401
 SHORT_PROMPT = "the quick brown narwhal jumps over the lazy walrus"
 # ~4100 simulator tokens: with --ttft-per-token-ms 0.05 the prefill leg costs ~+200 ms
 LONG_PROMPT = " ".join(f"narwhal{i % 97} tusk{i % 31}" for i in range(1000))
+# 8,000 characters exactly (the issue-26 row; LONG_PROMPT is 2,000 words, 16,561 characters)
+PROMPT_8K = LONG_PROMPT[:8000]
 
 # -- CPU pinning -----------------------------------------------------------------------------------
 

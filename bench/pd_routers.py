@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import (
     LONG_PROMPT,
     MODEL,
+    PROMPT_8K,
     SHORT_PROMPT,
     Pinning,
     Spread,
@@ -54,7 +55,7 @@ from fleet.fleetgen import fleet_document, sim_command
 from fleet.testing.fleet import vllm_router_command
 from fleet.testing.procs import BIN, Proc, ProcGroup, free_port, proc_group, script, wait_http
 
-PROMPTS = {"short": SHORT_PROMPT, "long": LONG_PROMPT}
+PROMPTS = {"short": SHORT_PROMPT, "8k": PROMPT_8K, "long": LONG_PROMPT}
 
 
 BASELINE = "narwhal-base"
@@ -402,8 +403,8 @@ def main() -> int:
     ap.add_argument(
         "--prompts",
         type=lambda s: s.split(","),
-        default=["short", "long", "short-256"],
-        help="workloads: short / long prompt with --max-tokens output, or <prompt>-<N> for N tokens",
+        default=["short", "8k", "long", "short-256"],
+        help="workloads: short / 8k (8,000 characters) / long (16,561) prompt with --max-tokens output, or <prompt>-<N> for N tokens",
     )
     ap.add_argument(
         "--systems",

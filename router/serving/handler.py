@@ -467,6 +467,7 @@ class Serving:
         except StreamError as exc:
             rec.output_len = st.tokens
             raise LegFailure("stream", "decode", stream.iid, str(exc)) from None
+        rec.input_len = st.prompt_tokens  # the first chunk's prompt_token_ids, counted on bytes
         if done:
             frames.append(_DONE)
         else:

@@ -191,7 +191,16 @@ def test_one_connection_carries_pipelined_completions_health_and_a_chunked_reque
         assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
         assert headers[b"content-type"] == b"application/json" and len(headers[b"x-request-id"]) == 32
         sock.sendall(
-            post({"model": MODEL, "prompt": "two", "max_tokens": 4, "stream": True})
+            post(
+                {
+                    "model": MODEL,
+                    "prompt": "two words",
+                    "max_tokens": 4,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+                b"X-Request-Id: pipe-2\r\n",
+            )
             + b"GET /health HTTP/1.1\r\nHost: r\r\n\r\n"
             + b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\n"
             + b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunked), chunked)
@@ -207,6 +216,15 @@ def test_one_connection_carries_pipelined_completions_health_and_a_chunked_reque
         lambda: [r for r in router.journal_rows() if r.get("client_rid") == "pipe-1"], what="row"
     )
     assert row[0]["terminal"] == "completed" and row[0]["output_len"] == 3
+    # A stream's row carries the prompt's length: the prompt_token_ids the decode leg's
+    # return_token_ids brings (counted on bytes, cut out for this client), as the engine's usage says.
+    usage = [json.loads(e[6:])["usage"] for e in events[:-1] if b'"usage":{' in e][-1]
+    streamed_row = wait_until(
+        lambda: [r for r in router.journal_rows() if r.get("client_rid") == "pipe-2"], what="row"
+    )
+    assert streamed_row[0]["input_len"] == usage["prompt_tokens"] > 0
+    assert streamed_row[0]["output_len"] == usage["completion_tokens"] == 4
+    assert b"token_ids" not in streamed[2]
 
 
 def test_client_disconnect_cancels_and_closes_the_decode_stream(

@@ -18,8 +18,16 @@ from router.engines import wire as engine_wire
 from router.engines.legs import DecodeStream, LegFailure
 from router.engines.sse import SSEFramer
 from router.engines.wire import EngineConnection, EnginePool, whole_chunks
+from router.serving import relay as relay_module
 from router.serving.fastrelay import NATIVE, NATIVE_PROBLEM, RelayRead, relay_read, relay_read_py
-from router.serving.relay import StreamError, StreamState, process_chunk, relay_chunk, relay_event
+from router.serving.relay import (
+    StreamError,
+    StreamState,
+    id_list_count_py,
+    process_chunk,
+    relay_chunk,
+    relay_event,
+)
 from router.serving.stream import ClientRelay
 
 _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -428,6 +436,36 @@ def test_a_long_prompts_ids_are_cut_without_a_full_parse() -> None:
         out, n = relay_chunk(payload, state, False)
     assert orjson.loads(out) == {"id": "c", "choices": [{"index": 0, "text": " a"}]}
     assert (n, state.tokens, state.prompt_tokens) == (1, 1, 4000)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.one_of(
+        st.binary(max_size=80),
+        st.lists(st.integers(0, 10**6), max_size=300).map(lambda ids: orjson.dumps(ids)[1:-1]),
+        st.tuples(
+            st.lists(st.integers(0, 10**6), min_size=30, max_size=300),
+            st.integers(0),
+            st.binary(min_size=1, max_size=1),
+        ).map(
+            lambda t: (lambda ids: ids[: t[1] % len(ids)] + t[2] + ids[t[1] % len(ids) :])(
+                orjson.dumps(t[0])[1:-1]
+            )
+        ),  # a long list with one other byte anywhere (past the C loop's 128-byte blocks too)
+        st.text(alphabet="0123456789, ]x", max_size=40).map(str.encode),
+    ),
+    start=st.integers(0, 3000),
+    stop=st.integers(0, 3000),
+)
+def test_native_prompt_id_count_is_the_python_one(data: bytes, start: int, stop: int) -> None:
+    """The prompt ids of a first chunk are counted by ``_relay.id_list_count`` (no copy of the ids):
+    the same count as ``id_list_count_py`` for any slice of any bytes, ids lists or not."""
+    from router.serving._relay import id_list_count as native
+
+    a, b = sorted((start % (len(data) + 1), stop % (len(data) + 1)))
+    assert relay_module.id_list_count is native
+    assert native(data, a, b) == id_list_count_py(data, a, b)
+    assert native(data, 0, len(data)) == id_list_count_py(data, 0, len(data))
 
 
 @settings(max_examples=400, deadline=None)
