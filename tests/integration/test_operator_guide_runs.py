@@ -20,13 +20,14 @@ import pytest
 from tests.integration.conftest import Temporal, start_worker, wait_ready_line
 from tests.support.lifecycle import start_stack
 from tests.support.procs import proc_group, script
+from tests.support.worker_config import session_worker_config
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "operator-guide.md"
 FENCE = re.compile(r"```bash\n(.*?)```", re.S)
-SKIPPED = ("docker-compose", "narwhal-serve")  # compose deployment; a failover's own router
+SKIPPED = ("docker compose", "docker-compose", "narwhal-serve")  # compose deployment; a failover's router
 BLOCK_TIMEOUT_S = 180.0
 
 
@@ -42,6 +43,8 @@ def test_the_guides_shell_blocks_run_against_a_real_stack(temporal: Temporal, tm
     assert "R=http://localhost:8000" in conventions and "SUP=http://localhost:8900" in conventions
     with proc_group(tmp_path) as group:
         s = start_stack(group, tmp_path, n=3)
+        # the worker knows the guide's routers ($R, $R2: the one router here), as narwhal-up's does
+        session_worker_config().allow_routers([s.router.url])
         worker = start_worker(group, temporal, "narwhal-restart", name="guide-worker")  # the default queue
         wait_ready_line(worker)
         env = {

@@ -35,6 +35,7 @@ from tests.integration.restart_support import (
 )
 from tests.support.lifecycle import start_stack
 from tests.support.procs import proc_group
+from tests.support.worker_config import session_worker_config
 from workflows.models import RestartProgress, RestartResult, fleet_workflow_id
 from workflows.outcome import failure_line, final_result
 
@@ -183,10 +184,12 @@ async def test_worker_without_the_token_fails_first_and_the_vllm_two_engine_flee
     with proc_group(tmp_path) as group:
         # docs/vllm.md §4: e0 prefill, e1 decode, unpinned, floors 1/1, a control token
         s = start_stack(group, tmp_path, n=2, extra={"control": {"token_env": token_env}})
-        common = ["--router", s.router.url, "--supervisor-url", s.supervisor, "--control-token-env", token_env,
-                  "--poll-interval", "0.2"]  # fmt: skip
+        # the workers' configuration names the token variable; the session's worker lacks it
+        name = session_worker_config().allow_routers([s.router.url], token_env=token_env)
+        common = ["--router", s.router.url, "--worker-router", name, "--supervisor-url", s.supervisor,
+                  "--control-token-env", token_env, "--poll-interval", "0.2"]  # fmt: skip
         r = cli(temporal, "start", *common, "--task-queue", worker_queue, "--fleet", fleet, "--wait")
-        reason = f"preflight: control token variable {token_env} is not set on the worker"
+        reason = f"preflight: router {name}: control token variable {token_env} is not set on the worker"
         assert r.returncode == 2, r.stdout + r.stderr
         assert r.stderr.strip() == reason and "Traceback" not in r.stdout + r.stderr
         handle = temporal.client.get_workflow_handle(wid)
@@ -218,8 +221,8 @@ async def test_abort_during_a_restart_ends_held_and_says_so(
     with proc_group(tmp_path) as group:
         s = start_stack(group, tmp_path, n=2)
         # a restart command that returns at once without restarting: no newer process comes
-        r = cli(temporal, "start", "--router", s.router.url, "--supervisor", "command", "--restart-command",
-                "true", "--engines", "e0", "--fleet", fleet, "--task-queue", worker_queue,
+        r = cli(temporal, "start", "--router", s.router.url, "--supervisor", "command", "--restart-template",
+                session_worker_config().add_template("true"), "--engines", "e0", "--fleet", fleet, "--task-queue", worker_queue,
                 "--poll-interval", "0.2", "--restart-timeout-s", "600")  # fmt: skip
         assert r.returncode == 0, r.stderr
         handle = temporal.client.get_workflow_handle(wid, result_type=RestartResult)

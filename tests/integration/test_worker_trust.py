@@ -51,6 +51,7 @@ from workflows.models import (
     engine_workflow_id,
     fleet_workflow_id,
 )
+from workflows.outcome import final_result
 from workflows.steps import cause_message
 from workflows.worker_config import (
     CommandTemplate,
@@ -314,14 +315,15 @@ async def test_workflow_input_cannot_name_a_command_a_router_or_a_token_and_the_
             )  # fmt: skip
 
         async def run(p: RestartPlan) -> RestartResult:
-            result: RestartResult = await temporal.client.execute_workflow(
+            """The run's result: a run that did not restart every engine fails, carrying it."""
+            handle = await temporal.client.start_workflow(
                 "RollingRestart",
                 p,
                 id=fleet_workflow_id(p.fleet),
                 task_queue=queue,
                 result_type=RestartResult,
             )
-            return result
+            return await final_result(handle)
 
         named = RouterRef(name="stack")
         command = SupervisorRef(backend="command")

@@ -15,6 +15,9 @@ from activities.preflight import PreflightActivities
 from activities.router import LifecycleClient
 from tests.unit.restart.test_activities import A, B, example, lifecycle
 from workflows.models import PreflightOutcome, PreflightRequest, RouterRef, fleet_identity, fleet_lock_id
+from workflows.worker_config import RouterEntry, WorkerConfig, WorkerSettings
+
+C = "http://router-c"
 
 ENGINES = {"e0": "http://eng-0:8100", "e1": "http://eng-1:8100", "e2": "http://eng-2:8100"}
 
@@ -59,16 +62,25 @@ def fleet(
     return handler
 
 
+def worker_settings(token_env: str = "") -> WorkerSettings:
+    """The worker's own configuration: router ``ab`` (A, B; its token from ``token_env``), ``ac``."""
+    routers = {"ab": RouterEntry(urls=[A, B], token_env=token_env), "ac": RouterEntry(urls=[A, C])}
+    return WorkerSettings.of(WorkerConfig(routers=routers))
+
+
 async def run(
-    handler: Callable[[httpx.Request], httpx.Response], ref: RouterRef, env: dict[str, str] | None = None
+    handler: Callable[[httpx.Request], httpx.Response],
+    ref: RouterRef,
+    env: dict[str, str] | None = None,
+    token_env: str = "",
 ) -> PreflightOutcome:
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    acts = PreflightActivities(LifecycleClient(http, env=env or {}))
+    acts = PreflightActivities(LifecycleClient(http, worker_settings(token_env), env=env or {}))
     return await ActivityEnvironment().run(acts.preflight, PreflightRequest(router=ref))
 
 
 async def test_preflight_checks_every_router_and_engine_and_names_the_fleet() -> None:
-    out = await run(fleet(token="s3cret"), RouterRef(routers=[A, B], token_env="T"), {"T": "s3cret"})
+    out = await run(fleet(token="s3cret"), RouterRef(routers=[A, B]), {"T": "s3cret"}, token_env="T")
     assert out.view.router_url == B and out.view.controls_fleet
     assert out.view.pins == {"e0": False, "e1": False, "e2": True}
     assert out.view.floors == {"prefill": 1, "decode": 1}
@@ -82,15 +94,15 @@ async def test_preflight_checks_every_router_and_engine_and_names_the_fleet() ->
 @pytest.mark.parametrize(
     ("kwargs", "ref", "env", "line"),
     [
-        ({}, RouterRef(routers=[A, B], token_env="T"), {},
-         "preflight: control token variable T is not set on the worker"),
-        ({"token": "right"}, RouterRef(routers=[A, B], token_env="T"), {"T": "wrong"},
+        ({}, RouterRef(name="ab"), {},
+         "preflight: router ab: control token variable T is not set on the worker"),
+        ({"token": "right"}, RouterRef(name="ab"), {"T": "wrong"},
          "preflight: http://router-a/narwhal/lifecycle: HTTP 401 (control token refused)"),
         ({"deny": "router-b"}, RouterRef(routers=[A, B]), {},
          "preflight: http://router-b/narwhal/lifecycle: HTTP 401 (control token refused)"),
         ({"dead_engine": "eng-1"}, RouterRef(routers=[A, B]), {},
          "preflight: engine e1 at http://eng-1:8100 does not answer from the worker (ConnectError)"),
-        ({}, RouterRef(routers=[A, "http://router-c"]), {},
+        ({}, RouterRef(routers=[A, C]), {},
          "preflight: none of http://router-a, http://router-c controls the fleet (no lease holder)"),
     ],
 )  # fmt: skip
@@ -98,6 +110,7 @@ async def test_preflight_fails_with_one_line(
     kwargs: dict[str, str], ref: RouterRef, env: dict[str, str], line: str
 ) -> None:
     with pytest.raises(ApplicationError) as caught:
-        await run(fleet(**kwargs), ref, env)
+        # router ``ab`` named with its token variable T configured; by URLs, without a token
+        await run(fleet(**kwargs), ref, env, token_env="T" if ref.name == "ab" else "")
     assert caught.value.type == "PreflightFailed" and caught.value.non_retryable
     assert caught.value.message == line
