@@ -24,6 +24,7 @@ fi
 need=()
 command -v jq >/dev/null 2>&1 || need+=(jq)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server etcd-client)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)  # TLS tests make their certificates with it
 if [ ${#need[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
