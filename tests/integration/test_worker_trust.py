@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from pydantic import ValidationError
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -314,16 +314,18 @@ async def test_workflow_input_cannot_name_a_command_a_router_or_a_token_and_the_
                 engine_urls={"e1": s.url("e1")}, timing=FAST,
             )  # fmt: skip
 
-        async def run(p: RestartPlan) -> RestartResult:
-            """The run's result: a run that did not restart every engine fails, carrying it."""
-            handle = await temporal.client.start_workflow(
+        async def start(p: RestartPlan) -> WorkflowHandle[Any, RestartResult]:
+            return await temporal.client.start_workflow(
                 "RollingRestart",
                 p,
                 id=fleet_workflow_id(p.fleet),
                 task_queue=queue,
                 result_type=RestartResult,
             )
-            return await final_result(handle)
+
+        async def run(p: RestartPlan) -> RestartResult:
+            """The run's result: a run that did not restart every engine fails, carrying it."""
+            return await final_result(await start(p))
 
         named = RouterRef(name="stack")
         command = SupervisorRef(backend="command")
@@ -341,7 +343,7 @@ async def test_workflow_input_cannot_name_a_command_a_router_or_a_token_and_the_
             (RouterRef(name="stack", token_env="HOME"), "names a token variable"),
         ):
             with pytest.raises(WorkflowFailureError) as err:
-                await run(rolling(ref, command))
+                await (await start(rolling(ref, command))).result()
             assert why in cause_message(err.value.cause), err.value.cause
         # an engine restart started directly on the task queue with a hostile id
         iid = f"x{{url}};touch {lab.marker}"
