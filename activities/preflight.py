@@ -23,7 +23,7 @@ from temporalio.service import RPCError
 
 from activities import errors
 from activities.documents import DocumentError, lifecycle_document, target_urls
-from activities.router import LifecycleClient, view_of
+from activities.router import LifecycleClient, check_supervisor, view_of
 from router.engines.identity import process_start_or_none
 from workflows.models import (
     FleetView,
@@ -32,6 +32,7 @@ from workflows.models import (
     PreflightOutcome,
     PreflightRequest,
     RestartProgress,
+    SupervisorRef,
     fleet_identity,
     fleet_lock_id,
 )
@@ -57,6 +58,11 @@ class PreflightActivities:
     async def preflight(self, req: PreflightRequest) -> PreflightOutcome:
         checked: list[str] = []
         holder: FleetView | None = None
+        if req.rollback_template:  # the worker must have it before anything is drained
+            check_supervisor(
+                self.client.settings, SupervisorRef(backend="command", template=req.rollback_template)
+            )
+            checked.append(f"rollback template {req.rollback_template}: configured on this worker")
         routers = self.client.urls(req.router)
         for url in routers:
             status, body = await self._get(req, f"{url}/narwhal/lifecycle")

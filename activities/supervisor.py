@@ -47,6 +47,7 @@ from workflows.models import (
     NewProcess,
     ProcessProbe,
     RestartOutcome,
+    RollbackRequest,
     StartEngineRequest,
     SupervisorRef,
     iso,
@@ -297,6 +298,16 @@ class SupervisorActivities:
         await self._report_launch(target, command)
         await self.run_template(name, template, target.iid, url)
         return RestartOutcome(iid=target.iid, restarted=True, note=f"ran {command}")
+
+    @activity.defn(name="rollback_engine")
+    async def rollback_engine(self, req: RollbackRequest) -> str:
+        """Run the worker's rollback template (named by the plan; refused unless this worker has it)
+        for an engine the canary analysis failed. Not guarded by a process start: the engine is held
+        out of placement, and the workflow runs it with one attempt. Returns the command line."""
+        checked(req.iid, req.url)
+        name, template = self.template(SupervisorRef(backend="command", template=req.template))
+        url = await self.engine_url(req.iid, req.url, req.supervisor)
+        return await self.run_template(name, template, req.iid, url)
 
     # -- make an engine answer (identity capture after a 503 drain) ----------------------------
 

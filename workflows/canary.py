@@ -14,6 +14,12 @@ the history reads as the analysis went. The verdicts act:
 - more than ``inconclusive_limit`` windows without enough traffic → the run waits for the operator
   like the canary gate (``approve`` or ``resume`` continues; ``abort`` stops).
 
+With a rollback template in the plan (``--rollback-template NAME``, a template of the worker's
+configuration), each held engine is then put back: the worker runs the template for it
+(``rollback_engine``, one attempt), the workflow waits for a process newer than the held one and
+readmits it through the normal checks. The run still ends ``analysis_failed`` with the evidence;
+its message says whether the engine was rolled back and readmitted or stays held.
+
 Workflow code: deterministic, no I/O but through activities.
 """
 
@@ -30,9 +36,19 @@ with workflow.unsafe.imports_passed_through():
     from activities.errors import NON_RETRYABLE
     from activities.evidence import EvidenceActivities
     from activities.router import LifecycleActivities
+    from activities.supervisor import SupervisorActivities
     from workflows.analysis import AnalysisPolicy, EvidenceSnapshot, Tally, TallyState, judge, window
     from workflows.analysis_text import verdict_line
-    from workflows.models import DrainRequest, RestartPlan, RestartProgress, RunState
+    from workflows.models import (
+        ConfirmRequest,
+        DrainRequest,
+        EngineTarget,
+        ReadmitRequest,
+        RestartPlan,
+        RestartProgress,
+        RollbackRequest,
+        RunState,
+    )
     from workflows.steps import cause_message
 
 MAX_SAMPLES = 60  # samples kept in the progress document (Current Details shows the last few)
@@ -160,6 +176,7 @@ class CanaryAnalysis:
         evidence = {s.engines[0]: s for s in h.p.analysis if s.verdict == "fail" and s.engines[0] in failed}
         held = "drained again and held out of placement"
         states: dict[str, str] = {}
+        olds: dict[str, float] = {}
         try:
             out = await workflow.execute_activity_method(
                 LifecycleActivities.drain,
@@ -171,8 +188,13 @@ class CanaryAnalysis:
                 heartbeat_timeout=timedelta(seconds=h.plan.timing.heartbeat_timeout_s),
             )
             states = {i: v.state for i, v in out.engines.items()}
+            olds = {i: v.old_process_start for i, v in out.engines.items() if v.old_process_start is not None}
         except ActivityError as exc:
             held = f"could not be held out of placement ({cause_message(exc)})"
+        rolled: dict[str, str] = {}
+        if h.plan.rollback_template and states:
+            for iid in failed:
+                rolled[iid] = await self._rollback(iid, olds.get(iid, h.p.engines[iid].new_process_start))
         now = workflow.now().timestamp()
         for iid in failed:
             e = h.p.engines[iid]
@@ -180,6 +202,77 @@ class CanaryAnalysis:
             e.router_state = states.get(iid, e.router_state)
             why = "; ".join(evidence[iid].reasons) if iid in evidence else "analysis failed"
             e.error = f"canary analysis failed: {why}"
-            e.note = f"restarted, then {held}"
+            e.note = f"restarted, then {held}" + (f"; {rolled[iid]}" if iid in rolled else "")
         parts = [verdict_line(evidence[i]) for i in failed if i in evidence]
-        return f"canary analysis failed, rollout stopped; {', '.join(failed)} {held}: " + " | ".join(parts)
+        after = "".join(f"; {i} {rolled[i]}" for i in failed if i in rolled)
+        return f"canary analysis failed, rollout stopped; {', '.join(failed)} {held}{after}: " + " | ".join(
+            parts
+        )
+
+    async def _rollback(self, iid: str, held: float | None) -> str:
+        """The plan's rollback template for a held engine, a newer process, the normal readmission
+        checks. Returns what happened (for the message and the engine's note)."""
+        h = self.host
+        plan, name = h.plan, h.plan.rollback_template
+        e = h.p.engines[iid]
+        if held is None:
+            return "not rolled back: no process start recorded for the held process; stays held"
+        url = plan.engine_urls.get(iid, "")
+        beat = timedelta(seconds=plan.timing.heartbeat_timeout_s)
+        call = timedelta(seconds=plan.router.request_timeout_s * 4 + 10)
+        h._publish(message=f"canary analysis failed for {iid}: rolling it back (template {name})")
+        try:
+            await workflow.execute_activity_method(
+                SupervisorActivities.rollback_engine,
+                RollbackRequest(iid=iid, url=url, template=name, supervisor=plan.supervisor),
+                start_to_close_timeout=timedelta(seconds=plan.timing.restart_timeout_s),
+                heartbeat_timeout=beat,
+                retry_policy=RetryPolicy(maximum_attempts=1),  # a command runs once
+                summary=f"roll back {iid}: template {name}",
+            )
+            new = await workflow.execute_activity_method(
+                SupervisorActivities.wait_new_process,
+                EngineTarget(iid=iid, url=url, old_process_start=held, supervisor=plan.supervisor),
+                start_to_close_timeout=timedelta(seconds=30),
+                schedule_to_close_timeout=timedelta(seconds=plan.timing.new_process_timeout_s),
+                heartbeat_timeout=beat,
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(seconds=plan.timing.poll_interval_s),
+                    backoff_coefficient=1.0,
+                    maximum_attempts=0,
+                    non_retryable_error_types=list(NON_RETRYABLE),
+                ),
+                summary=f"wait for {iid} to serve the rolled-back process",
+            )
+            e.new_process_start = new.process_start
+            out = await workflow.execute_activity_method(
+                LifecycleActivities.readmit,
+                ReadmitRequest(router=plan.router, engines=[iid], old_process_starts={iid: held}),
+                retry_policy=_retry(),
+                summary=f"readmit {iid} after its rollback",
+                start_to_close_timeout=call,
+                schedule_to_close_timeout=timedelta(seconds=plan.timing.router_call_timeout_s),
+                heartbeat_timeout=beat,
+            )
+            if (v := out.engines.get(iid)) is not None:
+                e.router_state, e.checks = v.state, list(v.checks)
+            serving = await workflow.execute_activity_method(
+                LifecycleActivities.confirm_active,
+                ConfirmRequest(router=plan.router, engines=[iid]),
+                start_to_close_timeout=timedelta(seconds=plan.router.request_timeout_s * 3 + 5),
+                schedule_to_close_timeout=timedelta(seconds=plan.timing.confirm_timeout_s),
+                heartbeat_timeout=beat,
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(seconds=plan.timing.poll_interval_s),
+                    backoff_coefficient=1.0,
+                    maximum_attempts=0,
+                    non_retryable_error_types=list(NON_RETRYABLE),
+                ),
+                summary=f"confirm {iid} active and accepting after its rollback",
+            )
+        except ActivityError as exc:
+            return f"rollback (template {name}) failed: {cause_message(exc)}; stays held"
+        if (c := serving.engines.get(iid)) is not None:
+            e.accepts_new, e.build, e.router_state = c.accepts_new, c.build, c.state
+        build = f" on {e.build}" if e.build else ""
+        return f"rolled back (template {name}) and readmitted{build}"

@@ -5,7 +5,8 @@
         [--supervisor local|command|manual] [--supervisor-url URL | --restart-template NAME]
         [--worker-router NAME] [--fleet-file PATH] [--engine-url IID=URL ...] [--control-token-env NAME]
         [--fleet NAME]
-        [--restart-timeout-s S] [--pause-after N] [--follow] [--wait]
+        [--restart-timeout-s S] [--pause-after N] [--analysis FILE [--rollback-template NAME]]
+        [--follow] [--wait]
     narwhal-restart status|pause|resume [--fleet NAME | --workflow-id ID]
     narwhal-restart list [--fleet NAME]
     narwhal-restart approve|retry|abort [--fleet NAME | --workflow-id ID] [--engine IID] [--reason TEXT]
@@ -194,6 +195,10 @@ async def build_plan(args: argparse.Namespace) -> tuple[RestartPlan, str]:
         raise PreflightError(
             "--analysis judges restarted engines against the rest: a whole-wave restart has no baseline"
         )
+    if args.rollback_template and analysis is None:
+        raise PreflightError(
+            "--rollback-template rolls back an engine the canary analysis failed: give --analysis"
+        )
     if args.pause_after >= len(pre.engines):
         raise PreflightError(
             f"--pause-after {args.pause_after} leaves no engine after the gate ({len(pre.engines)} engines)"
@@ -209,6 +214,7 @@ async def build_plan(args: argparse.Namespace) -> tuple[RestartPlan, str]:
         deadline_s=args.deadline_s, deadline_policy=args.deadline_policy,
         timing=Timing(poll_interval_s=args.poll_interval, new_process_timeout_s=args.restart_timeout_s),
         requested_by=args.requested_by, pause_after=args.pause_after, analysis=analysis,
+        rollback_template=args.rollback_template,
     )  # fmt: skip
     gate = (
         f"\n- canary gate: waits for the operator after {plan.pause_after} engine(s)"
@@ -222,6 +228,7 @@ async def build_plan(args: argparse.Namespace) -> tuple[RestartPlan, str]:
         f"policy `{plan.deadline_policy}`, max unavailable {plan.max_unavailable}{gate}\n"
         f"- requested by {plan.requested_by or 'unknown'}"
         + (f"\n- canary analysis: {policy_summary(analysis)}" if analysis is not None else "")
+        + (f"\n- rollback template: `{plan.rollback_template}`" if plan.rollback_template else "")
     )
     return plan, details
 
@@ -538,6 +545,15 @@ def add_start_flags(s: argparse.ArgumentParser) -> None:
         help="canary analysis (rolling): after each readmission judge the restarted engine's live traffic "
         "against the engines not restarted yet, with the policy in FILE (JSON or YAML; workflows/analysis.py); "
         "a failing engine is held and the rollout stops",
+    )
+    s.add_argument(
+        "--rollback-template",
+        default="",
+        metavar="NAME",
+        help="with --analysis: the name of a command template in the worker's configuration that puts an "
+        "engine the analysis failed back on its previous build; the worker runs it (refused before anything "
+        "is drained when it lacks it), waits for a newer process and readmits the engine through the normal "
+        "checks. The run still fails (analysis_failed) with the evidence (default: the engine stays held)",
     )
     s.add_argument(
         "--pause-after",

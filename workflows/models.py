@@ -194,6 +194,9 @@ class RestartPlan(_Model):
     pause_after: int = Field(default=0, ge=0)  # canary gate: wait for resume/approve after N engines
     # canary analysis after each readmission (workflows/analysis.py, --analysis FILE); None: none
     analysis: AnalysisPolicy | None = None
+    # a command template of the worker's configuration (by name, never a command) that puts an
+    # engine the analysis failed back on its previous build; "": the failed engine stays held
+    rollback_template: str = Field(default="", pattern=r"^([A-Za-z0-9._-]{1,64})?$")
 
     @field_validator("fleet")
     @classmethod
@@ -408,6 +411,15 @@ class StopWait(_Model):
     message: str = ""
 
 
+class RollbackRequest(_Model):
+    """Run the worker's rollback template (by name) for an engine the canary analysis failed."""
+
+    iid: str
+    url: str = ""
+    template: str
+    supervisor: SupervisorRef
+
+
 class ReadmitRequest(_Model):
     router: RouterRef
     engines: list[str]
@@ -484,6 +496,7 @@ class PreflightRequest(_Model):
     router: RouterRef
     engines: list[str] = Field(default_factory=list)  # empty: every engine the router knows
     engine_urls: dict[str, str] = Field(default_factory=dict)
+    rollback_template: str = ""  # the plan's rollback template: the worker must have it
 
 
 class PreflightOutcome(_Model):

@@ -85,7 +85,12 @@ class FleetOwner:
         try:
             pre = await workflow.execute_activity_method(
                 PreflightActivities.preflight,
-                PreflightRequest(router=plan.router, engines=plan.engines, engine_urls=plan.engine_urls),
+                PreflightRequest(
+                    router=plan.router,
+                    engines=plan.engines,
+                    engine_urls=plan.engine_urls,
+                    rollback_template=plan.rollback_template,
+                ),
                 start_to_close_timeout=timedelta(seconds=plan.router.request_timeout_s * 4 + 30),
                 retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=list(NON_RETRYABLE)),
                 summary="preflight from the worker: routers, control token, engine addresses",

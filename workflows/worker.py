@@ -106,6 +106,7 @@ def build_worker(
             supervisor.restart_engine,
             supervisor.wait_new_process,
             supervisor.start_engine,
+            supervisor.rollback_engine,
             evidence.sample_evidence,
         ],
         graceful_shutdown_timeout=grace,

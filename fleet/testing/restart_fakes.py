@@ -30,6 +30,7 @@ from workflows.models import (
     ReadmitOutcome,
     ReadmitRequest,
     RestartOutcome,
+    RollbackRequest,
     RouterRef,
     StartEngineRequest,
     StopWait,
@@ -78,6 +79,8 @@ class FakeFleet:
     samples: int = 0
     failing: set[str] = field(default_factory=set)
     quiet: set[str] = field(default_factory=set)
+    # rollback_engine: restarts the engine on its previous build (it stops failing) unless listed here
+    rollback_fails: set[str] = field(default_factory=set)
 
     @classmethod
     def of(cls, roles: list[str]) -> FakeFleet:
@@ -247,6 +250,21 @@ class FakeFleet:
             self.calls.append(f"confirm {','.join(req.engines)} ready={req.require_ready}")
             return self.fleet_view()
 
+        @activity.defn(name="rollback_engine")
+        async def rollback_engine(req: RollbackRequest) -> str:
+            self.calls.append(f"rollback {req.iid} {req.template}")
+            if req.iid in self.rollback_fails:
+                raise ApplicationError(
+                    f"'{req.template}: rollback {req.iid}' exited 1: no previous build",
+                    type="RestartCommandFailed",
+                    non_retryable=True,
+                )
+            e = self.engines[req.iid]
+            e.start += 100.0
+            e.restarts += 1
+            self.failing.discard(req.iid)
+            return f"{req.template}: rollback {req.iid}"
+
         @activity.defn(name="sample_evidence")
         async def sample_evidence(ref: RouterRef) -> EvidenceSnapshot:
             self.samples += 1
@@ -279,4 +297,5 @@ class FakeFleet:
             wait_new_process,
             readmit,
             confirm_active,
+            rollback_engine,
         ]

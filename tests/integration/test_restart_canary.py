@@ -5,18 +5,21 @@ simulated engines under the local supervisor, client load). The supervisor knows
 builds of the simulator: ``next`` (a good one), ``failing`` (20 % of requests answer 500) and
 ``slow`` (3× the time to first token). A test stages a build, starts a rolling restart with
 ``--analysis`` and reads what the run, the router and the supervisor say; a held engine is put
-back on the old build before the next test.
+back on the old build before the next test. A failing build with a rollback template ends with
+its first engine back on the previous build, readmitted.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 
 from tests.integration.conftest import Temporal
 from tests.integration.restart_support import (
@@ -34,8 +37,10 @@ from tests.integration.restart_support import (
 from tests.support import loopback
 from tests.support.lifecycle import Stack, client_load, start_stack, wait_for
 from tests.support.procs import proc_group
+from tests.support.worker_config import session_worker_config
 from workflows.analysis import AnalysisPolicy
 from workflows.models import RestartProgress, RestartResult, fleet_workflow_id
+from workflows.outcome import failure_line
 
 pytestmark = pytest.mark.integration
 
@@ -274,3 +279,62 @@ async def test_no_traffic_is_inconclusive_and_the_operator_approves(
     res = await handle.result()
     assert res.ok and res.state == "done" and res.engines["e0"].outcome == "restarted"
     assert [ev.kind for ev in res.events] == ["waiting_for_operator", "approved"]
+
+
+async def test_a_failing_build_is_rolled_back_to_the_previous_build_and_readmitted(
+    temporal: Temporal, worker_queue: str, stack: Stack
+) -> None:
+    s = stack
+    fleet = new_fleet("rollback")
+    everyone = [e.iid for e in s.sims]
+    restarts = supervisor_restarts(s.supervisor)
+    # a plan naming a template the worker lacks is refused before anything is drained
+    unknown = await start(
+        temporal,
+        worker_queue,
+        plan(fleet, [s.router.url], s.supervisor, analysis=POLICY, rollback_template="no-such-rollback"),
+    )
+    with pytest.raises(WorkflowFailureError) as refused:
+        await unknown.result()
+    assert "'no-such-rollback' is not in this worker's configuration" in failure_line(refused.value)
+    assert supervisor_restarts(s.supervisor) == restarts
+    assert engine_state(s.router.url, "e0") == "active"
+    script = Path(__file__).parents[1] / "support" / "rollback_build.py"
+    name = session_worker_config().add_template(
+        f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} {s.supervisor} {{iid}}",
+        name="rollback-sim",
+    )
+    stage(s, "failing", everyone)
+    try:
+        with client_load(s.router.url) as load:
+            wait_for("client traffic", lambda: load.ok >= 10)
+            handle = await start(
+                temporal,
+                worker_queue,
+                plan(
+                    new_fleet("rollback"),
+                    [s.router.url],
+                    s.supervisor,
+                    analysis=POLICY,
+                    rollback_template=name,
+                ),
+            )
+            status, p = await finished(handle)
+    finally:
+        stage(s, "", everyone)
+        if engine_state(s.router.url, "e0") != "active":
+            restore(s, "e0")
+    assert status == WorkflowExecutionStatus.FAILED and p.state == "analysis_failed", (status, p.message)
+    assert "e0 rolled back (template rollback-sim) and readmitted on 0.11.0 · launch sha256:" in p.message, (
+        p.message
+    )
+    assert "failure rate" in p.message and [x.engines for x in p.analysis if x.verdict == "fail"] == [["e0"]]
+    # e0 ran the failing build once, then the rollback: back on the previous build, serving
+    after = supervisor_restarts(s.supervisor)
+    assert after["e0"] == restarts["e0"] + 2 and all(after[i] == restarts[i] for i in everyone if i != "e0")
+    assert builds(s)["e0"] == builds(s)["e1"] != "failing"
+    e0 = lifecycle(s.router.url)["engines"]["e0"]
+    assert e0["state"] == "active" and e0["accepts_new"] is True, e0
+    assert e0["build"]["version"] == "0.11.0" != BUILDS["failing"]["version"], e0["build"]
+    assert p.engines["e0"].outcome == "failed" and "rolled back" in p.engines["e0"].note
+    assert all(p.engines[i].step == "pending" for i in everyone if i != "e0")

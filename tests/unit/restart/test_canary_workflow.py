@@ -103,3 +103,39 @@ async def test_with_no_engine_left_unrestarted_the_baseline_is_those_that_passed
     res = await run(ts_env, fleet, plan())
     assert res.ok and res.state == "done"
     assert [s.baseline.engines for s in res.analysis if s.engines == ["e1"]] == [["e0"], ["e0"]]
+
+
+async def test_a_rollback_template_puts_the_failed_engine_back_or_says_it_stays_held(
+    ts_env: WorkflowEnvironment,
+) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill", "decode"])
+    fleet.failing.add("e0")
+    res = await run(ts_env, fleet, plan(engines=["e0", "e1"], rollback_template="rollback"))
+    assert (res.ok, res.state) == (False, "analysis_failed")  # still failed, with the evidence
+    assert (
+        "e0 rolled back (template rollback) and readmitted" in res.message and "failure rate" in res.message
+    )
+    i = fleet.calls.index("rollback e0 rollback")
+    assert fleet.calls[i - 1] == "drain e0" and fleet.calls[i + 1 :] == [
+        "readmit e0",
+        "confirm e0 ready=False",
+    ]
+    assert fleet.engines["e0"].state == "active" and fleet.engines["e1"].restarts == 0
+    assert res.engines["e0"].outcome == "failed" and "rolled back" in res.engines["e0"].note
+
+    fleet = FakeFleet.of(["prefill", "prefill", "decode"])
+    fleet.failing.add("e0")
+    fleet.rollback_fails.add("e0")
+    res = await run(ts_env, fleet, plan(engines=["e0", "e1"], rollback_template="rollback"))
+    assert res.state == "analysis_failed"
+    assert "e0 rollback (template rollback) failed: " in res.message and "stays held" in res.message
+    assert fleet.calls.count("readmit e0") == 1  # its first readmission only: held, not readmitted
+    assert fleet.engines["e0"].state != "active" and "stays held" in res.engines["e0"].note
+
+
+async def test_without_a_rollback_template_no_rollback_is_run(ts_env: WorkflowEnvironment) -> None:
+    fleet = FakeFleet.of(["prefill", "prefill"])
+    fleet.failing.add("e0")
+    res = await run(ts_env, fleet, plan(engines=["e0"]))
+    assert res.state == "analysis_failed" and "rolled back" not in res.message
+    assert not any(c.startswith("rollback") for c in fleet.calls) and fleet.engines["e0"].state != "active"
