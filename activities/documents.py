@@ -19,7 +19,7 @@ No I/O here: workflow modules may import it (stdlib + pydantic + router/ids.py o
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -161,31 +161,29 @@ def describe(exc: ValidationError, what: str) -> str:
     return f"{what}: " + "; ".join(parts) + more
 
 
-def lifecycle_document(doc: object, source: str = "") -> LifecycleDocument:
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validated(model: type[M], doc: object, source: str, schema: str) -> M:
+    """``doc`` as ``model``; a ``DocumentError`` naming the source, the schema and the bad fields."""
     try:
-        return LifecycleDocument.model_validate(doc)
+        return model.model_validate(doc)
     except ValidationError as exc:
         raise DocumentError(
-            describe(exc, f"{source or 'router'}: not a usable narwhal.lifecycle v1 document")
+            describe(exc, f"{source or 'router'}: not a usable {schema} v1 document")
         ) from exc
+
+
+def lifecycle_document(doc: object, source: str = "") -> LifecycleDocument:
+    return _validated(LifecycleDocument, doc, source, "narwhal.lifecycle")
 
 
 def handoff_roles(doc: object, source: str = "") -> HandoffRoles:
-    try:
-        return HandoffRoles.model_validate(doc)
-    except ValidationError as exc:
-        raise DocumentError(
-            describe(exc, f"{source or 'router'}: not a usable narwhal.handoff v1 document")
-        ) from exc
+    return _validated(HandoffRoles, doc, source, "narwhal.handoff")
 
 
 def state_floors(doc: object, source: str = "") -> StateFloorsDocument:
-    try:
-        return StateFloorsDocument.model_validate(doc)
-    except ValidationError as exc:
-        raise DocumentError(
-            describe(exc, f"{source or 'router'}: not a usable narwhal.state v1 document")
-        ) from exc
+    return _validated(StateFloorsDocument, doc, source, "narwhal.state")
 
 
 # Label names that carry the engine id, in the order they are tried: ours, then common spellings.

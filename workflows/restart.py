@@ -152,40 +152,32 @@ def pick_batch(queue: list[str], view: FleetView, max_unavailable: int) -> tuple
     eligible = {i for i, e in view.engines.items() if e.accepts_new}
     if view.roles_error:
         return [], f"role safety: engine roles unknown ({view.roles_error})"
-    if view.floors:
-        return _pick_by_floor(queue, view, max_unavailable, eligible)
-    unknown = sorted(i for i in eligible | set(queue[:1]) if view.roles.get(i) not in KNOWN_ROLES)
+    # with the router's floors: its own rule (``workflows.floors``: labelled or unpinned engines
+    # count, ``controller.min_prefill`` / ``min_decode`` as ``/narwhal/state`` reports them);
+    # without them (a router without /narwhal/state): one eligible engine of the same label per role
+    checked = set(queue[:1]) if view.floors else eligible | set(queue[:1])
+    unknown = sorted(i for i in checked if view.roles.get(i) not in KNOWN_ROLES)
     if unknown:
         shown = ", ".join(f"{i}={view.roles.get(i, '(missing)')}" for i in unknown)
         return [], f"role safety: unknown role for {shown} in /narwhal/handoff"
-    batch: list[str] = []
-    for iid in queue:
-        if len(batch) >= max_unavailable:
-            break
-        e = view.engines.get(iid)
-        if e is None or e.state != "active" or not e.accepts_new:
-            why = "unknown to the router" if e is None else f"{e.state}, accepts_new={e.accepts_new}"
-            return (batch, "") if batch else ([], f"{iid} is not serving ({why})")
+
+    def by_floor(iid: str, batch: list[str]) -> str:
+        breach = floor_breach(view.roles, view.pins, eligible, view.floors, [*batch, iid])
+        if breach is None:
+            return ""
+        return (
+            f"{iid}: draining it would leave {breach.remaining} engine(s) able to serve {breach.role} "
+            f"(floor {breach.floor}, controller.min_{breach.role})"
+        )
+
+    def by_label(iid: str, batch: list[str]) -> str:
         role = view.roles[iid]
         left = eligible - set(batch) - {iid}
-        same_role = [o for o in left if view.roles.get(o) == role]
-        if not left or not same_role:
-            if batch:
-                break
-            return [], f"{iid} is the last eligible {role} engine"
-        batch.append(iid)
-    return batch, ""
+        if left and any(view.roles.get(o) == role for o in left):
+            return ""
+        return f"{iid} is the last eligible {role} engine"
 
-
-def _pick_by_floor(
-    queue: list[str], view: FleetView, max_unavailable: int, eligible: set[str]
-) -> tuple[list[str], str]:
-    """The router's own rule (``workflows.floors``: labelled or unpinned engines count, floors
-    ``controller.min_prefill`` / ``min_decode`` as ``/narwhal/state`` reports them)."""
-    unknown = sorted(i for i in queue[:1] if view.roles.get(i) not in KNOWN_ROLES)
-    if unknown:
-        shown = ", ".join(f"{i}={view.roles.get(i, '(missing)')}" for i in unknown)
-        return [], f"role safety: unknown role for {shown} in /narwhal/handoff"
+    refusal = by_floor if view.floors else by_label
     batch: list[str] = []
     for iid in queue:
         if len(batch) >= max_unavailable:
@@ -194,14 +186,9 @@ def _pick_by_floor(
         if e is None or e.state != "active" or not e.accepts_new:
             why = "unknown to the router" if e is None else f"{e.state}, accepts_new={e.accepts_new}"
             return (batch, "") if batch else ([], f"{iid} is not serving ({why})")
-        breach = floor_breach(view.roles, view.pins, eligible, view.floors, [*batch, iid])
-        if breach is not None:
-            if batch:
-                break
-            return [], (
-                f"{iid}: draining it would leave {breach.remaining} engine(s) able to serve {breach.role} "
-                f"(floor {breach.floor}, controller.min_{breach.role})"
-            )
+        why = refusal(iid, batch)
+        if why:
+            return (batch, "") if batch else ([], why)
         batch.append(iid)
     return batch, ""
 
