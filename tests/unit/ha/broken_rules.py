@@ -26,15 +26,6 @@ def acks_before_persisting(rules: m.Rules, c: Ctl, ev: m.Event[Doc]) -> m.Step[D
     return m.step(rules, c, ev)
 
 
-def reclaims_over_an_unreadable_handoff(rules: m.Rules, c: Ctl, ev: m.Event[Doc]) -> m.Step[Doc]:
-    """The keeper's re-claim rule before the machine: a handoff it cannot read counts as "nothing
-    newer", so the router resumes with its own (possibly stale) state."""
-    if c.phase is m.Phase.READ and isinstance(ev, m.HandoffRead) and ev.kind == "unreadable":
-        if c.entry is m.Entry.RECLAIM and ev.now < c.valid_until:
-            return replace(c, phase=m.Phase.ACTIVATE), (m.Activate(c.epoch),)
-    return m.step(rules, c, ev)
-
-
 def gives_up_a_slow_takeover(rules: m.Rules, c: Ctl, ev: m.Event[Doc]) -> m.Step[Doc]:
     """A takeover whose lease ran out mid-way is refused for good instead of retried."""
     nxt, out = m.step(rules, c, ev)
