@@ -35,3 +35,12 @@ def gives_up_a_slow_takeover(rules: m.Rules, c: Ctl, ev: m.Event[Doc]) -> m.Step
         if nxt.phase in (m.Phase.WAIT, m.Phase.SHADOW) and nxt.reason.startswith("lease expired"):
             return replace(nxt, phase=m.Phase.FENCED), out
     return nxt, out
+
+
+def reclaims_over_an_unreadable_handoff(rules: m.Rules, c: Ctl, ev: m.Event[Doc]) -> m.Step[Doc]:
+    """The keeper's re-claim rule today (``HAService._claimed``): a shared handoff it cannot read
+    counts as "nothing newer", and the router resumes with its own state."""
+    if c.phase is m.Phase.READ and isinstance(ev, m.HandoffRead) and ev.kind == "unreadable":
+        if c.entry is m.Entry.RECLAIM and ev.now < c.valid_until:
+            return replace(c, phase=m.Phase.ACTIVATE), (m.Activate(c.epoch),)
+    return m.step(rules, c, ev)

@@ -341,9 +341,12 @@ def explore(
     max_time: int,
     step: StepFn = m.step,
     warm: bool = False,
+    start: World | None = None,
 ) -> Result:
-    """Every interleaving to ``depth`` steps (states deduplicated); the first violation found."""
-    start = initial(rules, budget, step, warm)
+    """Every interleaving to ``depth`` steps (states deduplicated) from ``start`` (default:
+    ``initial``); the first violation found."""
+    if start is None:
+        start = initial(rules, budget, step, warm)
     parents: dict[World, tuple[World | None, str]] = {start: (None, "start")}
     frontier: deque[tuple[World, int]] = deque([(start, 0)])
     reached = 0

@@ -11,7 +11,7 @@ import pytest
 
 from router.ha import machine as m
 from tests.unit.ha import broken_rules as broken
-from tests.unit.ha.control_model import Budget, StepFn, explore
+from tests.unit.ha.control_model import Budget, Doc, StepFn, Store, World, explore, initial
 
 ETCD = m.Rules(contends=True, renew_every=1, retry_every=1)
 PRIMARY = m.Rules(renew_every=1, retry_every=1)  # file lease: fenced for good by a live holder
@@ -77,3 +77,32 @@ def test_the_same_scenario_passes_with_the_real_rules() -> None:
         PAIRS["standby"], NONE._replace(freezes=2, changes=0), depth=18, max_time=MAX_TIME, warm=True
     )
     assert result.violation is None, str(result.violation)
+
+
+def after_a_partitioned_controller_was_replaced() -> World:
+    """Router 0 held epoch 1, lost it to a partition and is re-claiming (healed now); meanwhile
+    router 1 controlled epoch 2, acknowledged change 1 (in the stored handoff) and was killed (its
+    new process is frozen), its lease expired. One store error left."""
+    world = initial(PAIRS["etcd"], NONE._replace(errors=1, changes=0))
+    c0 = m.Control[Doc](phase=m.Phase.WAIT, entry=m.Entry.RECLAIM, previous=1, seen=1, due=10)
+    r0, r1 = world.routers
+    return world._replace(
+        now=10,
+        store=Store(holder=None, epoch=2, expires=9, doc=Doc(2, 8, frozenset({1}))),
+        routers=(r0._replace(c=c0), r1._replace(inc=3, frozen=True)),
+        next_inc=4,
+        acked=frozenset({1}),
+        controllers=frozenset({(1, 1), (2, 2)}),
+        max_controlled=2,
+    )
+
+
+def test_a_reclaim_over_an_unreadable_handoff_loses_an_acknowledged_change_the_machine_reads_again() -> None:
+    """The keeper's re-claim rule (an unreadable shared handoff = nothing newer) vs the machine's."""
+    start = after_a_partitioned_controller_was_replaced()
+    old = explore(
+        PAIRS["etcd"], start.budget, 8, MAX_TIME, broken.reclaims_over_an_unreadable_handoff, start=start
+    )
+    assert old.violation is not None and "without acknowledged changes [1]" in old.violation.what
+    new = explore(PAIRS["etcd"], start.budget, 8, MAX_TIME, start=start)
+    assert new.violation is None, str(new.violation)
