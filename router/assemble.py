@@ -114,7 +114,7 @@ def journal_path(config: FleetConfig, options: RouterOptions) -> Path:
 
 def build_parts(core: RouterCore, options: RouterOptions) -> RouterParts:
     cfg = core.config
-    engines = EngineClient(cfg, max_connections=options.max_concurrent)
+    engines = EngineClient(cfg)
     breaker = Breaker(
         core.scheduler,
         core.clock,
