@@ -100,7 +100,15 @@ PEER_OBJECT_KEYS: dict[str, frozenset[str]] = {
         }
     ),
     "controller.thresholds": frozenset(
-        {"expand", "shrink", "cooldown_s", "sustained_intervals", "dwell_s", "panic_ratio", "flip_resident_guard"}
+        {
+            "expand",
+            "shrink",
+            "cooldown_s",
+            "sustained_intervals",
+            "dwell_s",
+            "panic_ratio",
+            "flip_resident_guard",
+        }
     ),
     "controller.reactive": frozenset(
         {
@@ -437,7 +445,9 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 def drop_comments(data: Any) -> Any:
     """The document without ``_``-prefixed keys at any depth (0.7.0's comment convention)."""
     if isinstance(data, dict):
-        return {k: drop_comments(v) for k, v in data.items() if not (isinstance(k, str) and k.startswith("_"))}
+        return {
+            k: drop_comments(v) for k, v in data.items() if not (isinstance(k, str) and k.startswith("_"))
+        }
     if isinstance(data, list):
         return [drop_comments(v) for v in data]
     return data

@@ -52,7 +52,7 @@ USED: dict[str, str] = {
     "serving.max_response_bytes": "router/engines/legs.py",
     "serving.client_write_timeout_s": "router/serving/handler.py",
     "slo": "router/serving/outcome.py",
-    "serving.graceful_timeout_s": "router/cli.py",
+    "serving.graceful_timeout_s": "router/settings.py",
     "serving.max_tokens_limit": "router/context_limits.py",
     "serving.max_client_connections": "router/connections.py",
     "serving.header_timeout_s": "router/connections.py",

@@ -1,7 +1,8 @@
 """HA runtime settings: the fleet file's ``ha`` / ``recovery`` keys overridden by narwhal-serve flags.
 
-``add_arguments`` + ``from_options`` are the CLI seam (``router/cli.py``, ``router/assemble.py``); ``HARuntime``
-validates itself, so ``create_app``-style callers that build it directly are checked the same way.
+``add_arguments`` (the flags) and ``from_options`` (the typed ``RouterOptions`` over the fleet file,
+called once by ``router/settings.py``) are the CLI seam; ``HARuntime`` validates itself, so callers
+that build it directly are checked the same way.
 Non-finite values are refused before anything touches a file.
 """
 
@@ -12,20 +13,15 @@ import math
 import os
 import socket
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from router.config import FleetConfig, check_lease_timing
 from router.ha.etcd_client import EtcdSecurity, parse_endpoints
 from router.ha.etcd_lease import EtcdLeaseSettings, check_prefix, default_prefix
 from router.ha.lease import LeaseSettings
 
-# float flag -> HASettings / HARuntime field; all also settable in the fleet file's ``ha`` section
-FLOAT_FLAGS: dict[str, str] = {
-    "lease-ttl": "lease_ttl_s",
-    "lease-renew-interval": "lease_renew_interval_s",
-    "lease-safety-margin": "lease_safety_margin_s",
-    "standby-probe-interval": "standby_probe_interval_s",
-    "standby-max-handoff-age": "standby_max_handoff_age_s",
-}
+if TYPE_CHECKING:
+    from router.options import RouterOptions
 
 
 @dataclass(frozen=True)
@@ -207,62 +203,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-ETCD_SECURITY_FIELDS = ("etcd_cacert", "etcd_cert", "etcd_key", "etcd_user", "etcd_password_env")
-
-# RouterOptions field (= argparse dest) for each flag; the same names on any options object
-OPTION_FIELDS: tuple[str, ...] = (
-    "resume",
-    "lease_path",
-    "etcd_endpoints",
-    "etcd_prefix",
-    "etcd_cacert",
-    "etcd_cert",
-    "etcd_key",
-    "etcd_user",
-    "etcd_password_env",
-    "router_id",
-    "lease_ttl",
-    "lease_renew_interval",
-    "lease_safety_margin",
-    "standby_of",
-    "standby_probe_interval",
-    "standby_takeover_after",
-    "standby_max_handoff_age",
-)
+def _float_flags(options: RouterOptions) -> dict[str, tuple[str, float | None]]:
+    """flag -> (HARuntime field, value) for the float flags (all also settable in the fleet file)."""
+    return {
+        "lease-ttl": ("lease_ttl_s", options.lease_ttl),
+        "lease-renew-interval": ("lease_renew_interval_s", options.lease_renew_interval),
+        "lease-safety-margin": ("lease_safety_margin_s", options.lease_safety_margin),
+        "standby-probe-interval": ("standby_probe_interval_s", options.standby_probe_interval),
+        "standby-max-handoff-age": ("standby_max_handoff_age_s", options.standby_max_handoff_age),
+    }
 
 
-def check_options(options: object) -> None:
+def check_options(options: RouterOptions) -> None:
     """Flag errors that need no fleet file (CLI exit 2): non-finite numbers, bad counts."""
-    for flag in FLOAT_FLAGS:
-        v = getattr(options, flag.replace("-", "_"), None)
+    for flag, (_, v) in _float_flags(options).items():
         if v is not None and not math.isfinite(v):
             raise ValueError(f"--{flag} must be finite")
-    if getattr(options, "lease_path", None) and getattr(options, "etcd_endpoints", None):
+    if options.lease_path and options.etcd_endpoints:
         raise ValueError("--lease-path and --etcd-endpoints are mutually exclusive: choose one lease backend")
-    endpoints = getattr(options, "etcd_endpoints", None)
-    if endpoints is not None:
+    if options.etcd_endpoints is not None:
         try:
-            parse_endpoints(endpoints)
+            parse_endpoints(options.etcd_endpoints)
         except ValueError as exc:
             raise ValueError(f"--etcd-endpoints: {exc}") from None
-    n = getattr(options, "standby_takeover_after", None)
+    n = options.standby_takeover_after
     if n is not None and n < 1:
         raise ValueError("--standby-takeover-after must be >= 1")
 
 
-def from_options(config: FleetConfig, options: object, port: int = 8000) -> HARuntime:
-    """Merge flags (argparse namespace or ``RouterOptions``) over the fleet file; ``ValueError``."""
+def from_options(config: FleetConfig, options: RouterOptions, port: int = 8000) -> HARuntime:
+    """The flags over the fleet file (``router/settings.py`` calls it once); ``ValueError``."""
     check_options(options)
     overrides: dict[str, object] = {
-        "resume": True if getattr(options, "resume", None) else None,
-        "lease_path": getattr(options, "lease_path", None),
-        "etcd_endpoints": getattr(options, "etcd_endpoints", None),
-        "etcd_prefix": getattr(options, "etcd_prefix", None),
-        **{f: getattr(options, f, None) for f in ETCD_SECURITY_FIELDS},
-        "router_id": getattr(options, "router_id", None),
-        "standby_of": getattr(options, "standby_of", None),
-        "standby_takeover_after": getattr(options, "standby_takeover_after", None),
+        "resume": True if options.resume else None,
+        "lease_path": options.lease_path,
+        "etcd_endpoints": options.etcd_endpoints,
+        "etcd_prefix": options.etcd_prefix,
+        "etcd_cacert": options.etcd_cacert,
+        "etcd_cert": options.etcd_cert,
+        "etcd_key": options.etcd_key,
+        "etcd_user": options.etcd_user,
+        "etcd_password_env": options.etcd_password_env,
+        "router_id": options.router_id,
+        "standby_of": options.standby_of,
+        "standby_takeover_after": options.standby_takeover_after,
     }
-    for flag, field_name in FLOAT_FLAGS.items():
-        overrides[field_name] = getattr(options, flag.replace("-", "_"), None)
+    for field_name, value in _float_flags(options).values():
+        overrides[field_name] = value
     return from_config(config, port=port, **overrides)

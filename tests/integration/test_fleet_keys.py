@@ -35,6 +35,11 @@ def test_the_peer_example_fleet_file_starts_and_reports_its_unused_keys(tmp_path
         assert r.status_code == 200, r.text
         lines = [line for line in router.proc.output().splitlines() if "accepted, not used: " in line]
         assert len(lines) == 1 and str(fleet) in lines[0], lines
-        for key in ("hardware (", "controller.thresholds (", "engine.first_token_calibration_path (", "profiles ("):
+        for key in (
+            "hardware (",
+            "controller.thresholds (",
+            "engine.first_token_calibration_path (",
+            "profiles (",
+        ):
             assert key in lines[0], lines[0]
         assert "_deployment" not in lines[0] and "_engine" not in lines[0]  # comments, not settings
