@@ -13,7 +13,7 @@ import math
 import os
 import socket
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from router.config import FleetConfig, check_lease_timing
 from router.ha.etcd_client import EtcdSecurity, parse_endpoints
@@ -22,6 +22,8 @@ from router.ha.lease import LeaseSettings
 
 if TYPE_CHECKING:
     from router.options import RouterOptions
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -137,31 +139,9 @@ class HARuntime:
         )
 
 
-def from_config(config: FleetConfig, port: int = 8000, **overrides: object) -> HARuntime:
-    ha = config.ha
-    values: dict[str, object] = {
-        "state_path": config.recovery.state_path,
-        "resume": config.recovery.resume,
-        "lease_path": ha.lease_path,
-        "etcd_endpoints": ha.etcd_endpoints,
-        "etcd_prefix": ha.etcd_prefix,
-        "etcd_cacert": ha.etcd_cacert,
-        "etcd_cert": ha.etcd_cert,
-        "etcd_key": ha.etcd_key,
-        "etcd_user": ha.etcd_user,
-        "etcd_password_env": ha.etcd_password_env,
-        "model": config.model,
-        "router_id": ha.router_id or f"{socket.gethostname()}:{port}",
-        "lease_ttl_s": ha.lease_ttl_s,
-        "lease_renew_interval_s": ha.lease_renew_interval_s,
-        "lease_safety_margin_s": ha.lease_safety_margin_s,
-        "standby_probe_interval_s": ha.standby_probe_interval_s,
-        "standby_takeover_after": ha.standby_takeover_after,
-        "standby_max_handoff_age_s": ha.standby_max_handoff_age_s,
-        "persist_interval_s": config.controller.monitor_interval_s,
-    }
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return HARuntime(**values)  # type: ignore[arg-type]
+def _pick(flag: T | None, file: T) -> T:
+    """A flag's value when it was given, else the fleet file's."""
+    return file if flag is None else flag
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -203,20 +183,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _float_flags(options: RouterOptions) -> dict[str, tuple[str, float | None]]:
-    """flag -> (HARuntime field, value) for the float flags (all also settable in the fleet file)."""
-    return {
-        "lease-ttl": ("lease_ttl_s", options.lease_ttl),
-        "lease-renew-interval": ("lease_renew_interval_s", options.lease_renew_interval),
-        "lease-safety-margin": ("lease_safety_margin_s", options.lease_safety_margin),
-        "standby-probe-interval": ("standby_probe_interval_s", options.standby_probe_interval),
-        "standby-max-handoff-age": ("standby_max_handoff_age_s", options.standby_max_handoff_age),
-    }
-
-
 def check_options(options: RouterOptions) -> None:
     """Flag errors that need no fleet file (CLI exit 2): non-finite numbers, bad counts."""
-    for flag, (_, v) in _float_flags(options).items():
+    floats = {
+        "lease-ttl": options.lease_ttl,
+        "lease-renew-interval": options.lease_renew_interval,
+        "lease-safety-margin": options.lease_safety_margin,
+        "standby-probe-interval": options.standby_probe_interval,
+        "standby-max-handoff-age": options.standby_max_handoff_age,
+    }
+    for flag, v in floats.items():
         if v is not None and not math.isfinite(v):
             raise ValueError(f"--{flag} must be finite")
     if options.lease_path and options.etcd_endpoints:
@@ -232,22 +208,29 @@ def check_options(options: RouterOptions) -> None:
 
 
 def from_options(config: FleetConfig, options: RouterOptions, port: int = 8000) -> HARuntime:
-    """The flags over the fleet file (``router/settings.py`` calls it once); ``ValueError``."""
+    """The flags over the fleet file's ``ha`` / ``recovery`` keys (``router/settings.py`` calls it
+    once); ``ValueError`` when the result cannot work."""
     check_options(options)
-    overrides: dict[str, object] = {
-        "resume": True if options.resume else None,
-        "lease_path": options.lease_path,
-        "etcd_endpoints": options.etcd_endpoints,
-        "etcd_prefix": options.etcd_prefix,
-        "etcd_cacert": options.etcd_cacert,
-        "etcd_cert": options.etcd_cert,
-        "etcd_key": options.etcd_key,
-        "etcd_user": options.etcd_user,
-        "etcd_password_env": options.etcd_password_env,
-        "router_id": options.router_id,
-        "standby_of": options.standby_of,
-        "standby_takeover_after": options.standby_takeover_after,
-    }
-    for field_name, value in _float_flags(options).values():
-        overrides[field_name] = value
-    return from_config(config, port=port, **overrides)
+    ha = config.ha
+    return HARuntime(
+        state_path=config.recovery.state_path,
+        resume=True if options.resume else config.recovery.resume,
+        lease_path=_pick(options.lease_path, ha.lease_path),
+        etcd_endpoints=_pick(options.etcd_endpoints, ha.etcd_endpoints),
+        etcd_prefix=_pick(options.etcd_prefix, ha.etcd_prefix),
+        etcd_cacert=_pick(options.etcd_cacert, ha.etcd_cacert),
+        etcd_cert=_pick(options.etcd_cert, ha.etcd_cert),
+        etcd_key=_pick(options.etcd_key, ha.etcd_key),
+        etcd_user=_pick(options.etcd_user, ha.etcd_user),
+        etcd_password_env=_pick(options.etcd_password_env, ha.etcd_password_env),
+        model=config.model,
+        router_id=_pick(options.router_id, ha.router_id or f"{socket.gethostname()}:{port}"),
+        lease_ttl_s=_pick(options.lease_ttl, ha.lease_ttl_s),
+        lease_renew_interval_s=_pick(options.lease_renew_interval, ha.lease_renew_interval_s),
+        lease_safety_margin_s=_pick(options.lease_safety_margin, ha.lease_safety_margin_s),
+        standby_of=_pick(options.standby_of, ""),  # a flag only
+        standby_probe_interval_s=_pick(options.standby_probe_interval, ha.standby_probe_interval_s),
+        standby_takeover_after=_pick(options.standby_takeover_after, ha.standby_takeover_after),
+        standby_max_handoff_age_s=_pick(options.standby_max_handoff_age, ha.standby_max_handoff_age_s),
+        persist_interval_s=config.controller.monitor_interval_s,
+    )
