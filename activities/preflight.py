@@ -5,7 +5,7 @@ and who holds a fleet lock, when a run finds it taken.
 token (``RouterRef.token_env`` read from the worker's environment); one of them holds the fleet;
 every engine to restart answers at its address (``/metrics`` with ``process_start_time_seconds``:
 what the restart later watches). Any failure is one non-retryable ``PreflightFailed`` line naming
-what and why. It also returns the fleet's canonical identity (``workflows.models.fleet_identity``
+what and why. It also returns the fleet's canonical identity (``narwhal_models.restart.fleet_identity``
 over the engine addresses the router lists in ``GET /narwhal/targets``) for the fleet lock.
 
 ``fleet_lock_owner``: reads, with the worker's Temporal client, which run holds a lock (the lock's
@@ -24,8 +24,7 @@ from temporalio.service import RPCError
 from activities import errors
 from activities.documents import DocumentError, lifecycle_document, target_urls
 from activities.router import LifecycleClient, check_supervisor, view_of
-from router.engines.identity import process_start_or_none
-from workflows.models import (
+from narwhal_models.restart import (
     FleetView,
     LockOwner,
     LockOwnerRequest,
@@ -36,6 +35,7 @@ from workflows.models import (
     fleet_identity,
     fleet_lock_id,
 )
+from router.engines.identity import process_start_or_none
 
 RPC_TIMEOUT = timedelta(seconds=5)
 

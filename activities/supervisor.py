@@ -6,7 +6,7 @@ Backends, chosen per workflow by ``SupervisorRef.backend``:
   process start the router recorded at drain, so a retried activity never restarts twice (the
   supervisor refuses when the engine already runs another process).
 - ``command``: a command template *of the worker's configuration*, named by the workflow
-  (``SupervisorRef.template``, default ``restart``; workflows/worker_config.py). Split into argv
+  (``SupervisorRef.template``, default ``restart``; activities/worker_config.py). Split into argv
   once, placeholders substituted inside one argument in a single pass, run with
   ``create_subprocess_exec`` — no shell unless the template says ``shell: true``, and then every
   value is shell-quoted (activities/commands.py). The environment holds ``PATH``, the template's
@@ -39,9 +39,14 @@ from temporalio.service import RPCError
 from activities import errors
 from activities.commands import Values, render_exec, render_shell
 from activities.heartbeat import heartbeating
-from router.engines.identity import newer_process, process_start_or_none, same_process
-from router.ids import UnsafeValue, check_engine_id, check_engine_url
-from workflows.models import (
+from activities.worker_config import (
+    CommandTemplate,
+    Refused,
+    WorkerConfigError,
+    WorkerSettings,
+    resolve_template,
+)
+from narwhal_models.restart import (
     EngineTarget,
     LaunchReport,
     NewProcess,
@@ -52,13 +57,8 @@ from workflows.models import (
     SupervisorRef,
     iso,
 )
-from workflows.worker_config import (
-    CommandTemplate,
-    Refused,
-    WorkerConfigError,
-    WorkerSettings,
-    resolve_template,
-)
+from router.engines.identity import newer_process, process_start_or_none, same_process
+from router.ids import UnsafeValue, check_engine_id, check_engine_url
 
 SHELL = "/bin/sh"
 

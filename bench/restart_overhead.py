@@ -30,12 +30,12 @@ from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from activities.worker_config import RouterEntry, WorkerConfig, WorkerSettings
 from fleet.testing.lifecycle import start_stack
 from fleet.testing.procs import proc_group
 from fleet.testing.temporal import SEARCH_ATTRIBUTE_KEYS, dev_server_path
-from workflows.models import RestartPlan, RestartResult, RouterRef, SupervisorRef, Timing
+from narwhal_models.restart import RestartPlan, RestartResult, RouterRef, SupervisorRef, Timing
 from workflows.worker import build_worker
-from workflows.worker_config import RouterEntry, WorkerConfig, WorkerSettings
 
 
 class TimedTransport(httpx.AsyncBaseTransport):

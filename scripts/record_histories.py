@@ -38,8 +38,8 @@ from temporalio.worker import Worker  # noqa: E402
 
 from fleet.testing.restart_fakes import FakeFleet  # noqa: E402
 from fleet.testing.temporal import start_time_skipping, until_progress  # noqa: E402
-from workflows.analysis import AnalysisPolicy  # noqa: E402
-from workflows.models import (  # noqa: E402
+from narwhal_models.evidence import AnalysisPolicy  # noqa: E402
+from narwhal_models.restart import (  # noqa: E402
     FLEET_LOCK_PREFIX,
     OperatorAnswer,
     OperatorRequest,

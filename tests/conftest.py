@@ -19,7 +19,7 @@ from fleet.testing.procs import REPO
 
 __all__ = ["pytest_configure"]
 
-PACKAGES = ("router", "fleet", "workflows", "activities")
+PACKAGES = ("router", "fleet", "workflows", "activities", "narwhal_models")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -225,8 +225,8 @@ class Drill:
     async def wait_workflow(self, wid: str) -> dict[str, Any]:
         from temporalio.client import WorkflowFailureError
 
+        from narwhal_models.restart import RestartResult
         from workflows.client import connect
-        from workflows.models import RestartResult
 
         hard = self.a.duration + self.a.tail
         while self.now() < hard:
