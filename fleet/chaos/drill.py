@@ -20,7 +20,7 @@ import aiohttp
 import httpx
 
 from fleet.chaos.stack import ChaosStack
-from fleet.testing.streams import RequestFailed, completion_body, new_session, pct, stream_completion
+from fleet.chaos.streams import RequestFailed, completion_body, new_session, pct, stream_completion
 
 NAMESPACE = "default"
 HOLD_STATES = frozenset({"draining", "drained", "deadline_exceeded", "validating", "blocked"})
