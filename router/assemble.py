@@ -26,6 +26,7 @@ from router.clock import Clock, SystemClock
 from router.config import FleetConfig
 from router.context_limits import ContextLimits
 from router.core import RouterCore
+from router.engines.control import EngineControl
 from router.engines.legs import EngineClient
 from router.ha import settings as ha_settings
 from router.ha.service import HAService
@@ -97,6 +98,7 @@ class RouterParts:
     """The built-in components, for components that need to talk to them."""
 
     engines: EngineClient
+    control: EngineControl
     breaker: Breaker
     prober: Prober
     stats: ServingStats
@@ -115,6 +117,7 @@ def journal_path(config: FleetConfig, options: RouterOptions) -> Path:
 def build_parts(core: RouterCore, options: RouterOptions) -> RouterParts:
     cfg = core.config
     engines = EngineClient(cfg, max_connections=options.max_concurrent)
+    control = EngineControl(cfg)  # the one engine-control client (prober, lifecycle, context limits)
     breaker = Breaker(
         core.scheduler,
         core.clock,
@@ -122,12 +125,12 @@ def build_parts(core: RouterCore, options: RouterOptions) -> RouterParts:
         emit=core.journal.append,
         quarantine_s=cfg.recovery.failure_quarantine_s,
     )
-    prober = Prober(core, breaker, engines, interval_s=options.probe_interval)
+    prober = Prober(core, breaker, engines, control, interval_s=options.probe_interval)
     stats = ServingStats()
     metrics = MetricsRenderer(core, stats, breaker)
     serving = Serving(core, engines, breaker, stats, prober, max_concurrent=options.max_concurrent)
     ops = Ops(core, metrics)
-    return RouterParts(engines, breaker, prober, stats, metrics, serving, ops)
+    return RouterParts(engines, control, breaker, prober, stats, metrics, serving, ops)
 
 
 @dataclass
@@ -149,6 +152,7 @@ class Router:
         p = self.parts
         return [
             p.engines,  # shared engine sessions: first to start, last to stop
+            p.control,  # the engine-control client the prober, lifecycle and context limits share
             p.serving,
             p.ops,
             p.prober,
@@ -170,7 +174,7 @@ def assemble(config: FleetConfig, options: RouterOptions | None = None, clock: C
         config=config, journal=Journal(journal_path(config, options)), clock=clock or SystemClock()
     )
     parts = build_parts(core, options)
-    life = lifecycle_components(core, parts.breaker, parts.prober, parts.metrics)
+    life = lifecycle_components(core, parts.breaker, parts.prober, parts.metrics, parts.control)
     ha = HAService(
         core,
         ha_settings.from_options(config, options, port=options.port),
@@ -184,7 +188,15 @@ def assemble(config: FleetConfig, options: RouterOptions | None = None, clock: C
     replicas = replica_wiring.replica_components(core, life.service, settings, endpoints, parts.prober, ha)
     state = StateApi(core, parts.breaker, life.service, life.monitor.health)
     router = Router(
-        core, options, parts, life.service, life.monitor, ha, ContextLimits(core), replicas, state=state
+        core,
+        options,
+        parts,
+        life.service,
+        life.monitor,
+        ha,
+        ContextLimits(core, parts.control),
+        replicas,
+        state=state,
     )
     router.app = build_app(core, router.components(), client_max_size=config.serving.max_request_bytes)
     router.app[ROUTER_KEY] = router
