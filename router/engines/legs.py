@@ -1,9 +1,10 @@
 """Data-plane engine client (vLLM dialect, NIXL descriptor hand-off, spec §11.3).
 
-The router's own keep-alive pool (``engines/wire.py``) for the prefill and decode legs. Health
-checks and the direct generation probe go through the engine-control client
-(router/engines/control.py, its own connection pool), so a saturated data plane never starves
-them. Failures are raised as :class:`LegFailure`, classified for the breaker (spec §9.1).
+The prefill and decode legs go over the router's own keep-alive pool (``engines/wire.py``; at
+most ``serving.max_connections`` connections kept open). Health checks and the direct generation
+probe go through the engine-control client (router/engines/control.py, its own connection pool),
+so a saturated data plane never starves them. Failures are raised as :class:`LegFailure`,
+classified for the breaker (spec §9.1).
 """
 
 from __future__ import annotations
@@ -272,9 +273,9 @@ class EngineClient:
     a timer per read.
     """
 
-    def __init__(self, config: FleetConfig, max_connections: int | None = None) -> None:
+    def __init__(self, config: FleetConfig) -> None:
         self.config = config
-        self.max_connections = max_connections or config.serving.max_connections
+        self.max_connections = config.serving.max_connections  # the pool's open-connection bound
         self.headers: dict[str, str] = {"content-type": _JSON}
         key_env = config.engine.engine_api_key_env
         if key_env and os.environ.get(key_env):
@@ -283,7 +284,7 @@ class EngineClient:
         self.prefill_timeout_s = srv.prefill_timeout_s
         self.decode_read_timeout_s = eng.decode_read_timeout_s
         self.max_response_bytes = srv.max_response_bytes
-        self.pool = EnginePool(connect_timeout=eng.health_timeout_s)
+        self.pool = EnginePool(connect_timeout=eng.health_timeout_s, max_open=self.max_connections)
         self._targets: dict[tuple[str, str], _Target] = {}
         self._watched: set[Response] = set()  # legs in flight (the watchdog's list)
         self._watchdog: asyncio.Task[None] | None = None
