@@ -23,6 +23,7 @@ from temporalio.service import RPCError
 
 from activities import errors
 from activities.documents import DocumentError, lifecycle_document, target_urls
+from activities.engine_process import read_process_start
 from activities.router import LifecycleClient, check_supervisor, view_of
 from narwhal_models.restart import (
     FleetView,
@@ -35,7 +36,6 @@ from narwhal_models.restart import (
     fleet_identity,
     fleet_lock_id,
 )
-from router.engines.identity import process_start_or_none
 
 RPC_TIMEOUT = timedelta(seconds=5)
 
@@ -117,15 +117,7 @@ class PreflightActivities:
 
     async def _engine_answers(self, url: str) -> str:
         """ "" when the engine reports its process start at ``url``; else why not."""
-        try:
-            r = await self.client.http.get(f"{url}/metrics", timeout=5.0)
-        except httpx.HTTPError as exc:
-            return f"does not answer from the worker ({type(exc).__name__})"
-        if r.status_code != 200:
-            return f"answered HTTP {r.status_code} on /metrics"
-        if process_start_or_none(r.text) is None:
-            return "reports no process_start_time_seconds on /metrics"
-        return ""
+        return (await read_process_start(self.client.http, url)).problem
 
 
 @activity.defn(name="fleet_lock_owner")

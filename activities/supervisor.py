@@ -38,6 +38,7 @@ from temporalio.service import RPCError
 
 from activities import errors
 from activities.commands import Values, render_exec, render_shell
+from activities.engine_process import read_process_start
 from activities.heartbeat import heartbeating
 from activities.worker_config import (
     CommandTemplate,
@@ -121,11 +122,7 @@ class SupervisorActivities:
         """The engine's ``process_start_time_seconds``; None while it does not answer."""
         if not url:
             return None
-        try:
-            r = await self.http.get(f"{url}/metrics", timeout=5.0)
-        except httpx.HTTPError:
-            return None
-        return parse_process_start(r.text) if r.status_code == 200 else None
+        return (await read_process_start(self.http, url)).start
 
     @activity.defn(name="probe_process")
     async def probe_process(self, target: EngineTarget) -> ProcessProbe:
