@@ -26,6 +26,12 @@ HELD_ELSEWHERE = "lease held by another router"
 CONTENDED = -1  # ``on_claimed`` argument after taking the lease over from another holder
 
 
+class ClaimInterrupted(Exception):
+    """Raised by ``on_claimed``: the fresh lease ran out before control could begin (the shared
+    handoff stayed unreadable). The keeper releases the lease and claims again later — never a
+    refusal for good (the machine's ``_lost_in_takeover``)."""
+
+
 class LeaseKeeper:
     def __init__(
         self,
@@ -141,7 +147,11 @@ class LeaseKeeper:
                 self._fence(HELD_ELSEWHERE)
                 return await self.contend() if self.contends else False
             if result:
-                why = await self.on_claimed(previous_epoch)
+                try:
+                    why = await self.on_claimed(previous_epoch)
+                except ClaimInterrupted as exc:
+                    await self._interrupted(str(exc))
+                    continue
                 if why:
                     self._fence(why)
                     return False
@@ -163,7 +173,11 @@ class LeaseKeeper:
                 continue
             if result is False:
                 continue  # still held (or just re-claimed by someone else): keep watching
-            why = await self.on_claimed(CONTENDED)
+            try:
+                why = await self.on_claimed(CONTENDED)
+            except ClaimInterrupted as exc:
+                await self._interrupted(str(exc))
+                continue
             if why:
                 self._fence(why)
                 await self.lease.release()
@@ -171,6 +185,15 @@ class LeaseKeeper:
             self.control.take_control(self.lease)
             log.warning("lease taken over: epoch %d", self.lease.epoch)
             return True
+
+    async def _interrupted(self, why: str) -> None:
+        """Not controlling, lease released; the caller's loop claims again (a higher epoch)."""
+        self.control.failover_blocked = why
+        log.warning("claim interrupted, claiming again: %s", why)
+        try:
+            await self.lease.release()
+        except LeaseError as exc:
+            log.warning("cannot release the interrupted claim: %s", exc)
 
     def _fence(self, reason: str) -> None:
         self.control.fence(reason)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from router.ha import statefile
-from router.ha.handoff import Handoff
+from router.ha.handoff import Handoff, HandoffError
 
 log = logging.getLogger("narwhal.ha.persist")
 
@@ -65,6 +65,40 @@ class FileHandoffStore:
 
     async def read(self) -> statefile.StateRead:
         return await asyncio.to_thread(statefile.read, self.path)
+
+
+class LeaseValidity(Protocol):
+    def valid(self) -> bool: ...
+
+
+async def read_after_claim(
+    store: HandoffStore, lease: LeaseValidity, note: Callable[[str], None], retry_s: float
+) -> statefile.StateRead | None:
+    """The shared handoff as read *after* a claim (nobody else can write it any more), read again
+    while it is unreadable (EACCES, EMFILE, etcd unreachable), never skipped: an unreadable copy
+    may hold a change another controller acknowledged. Backoff from ``retry_s`` doubling up to
+    ``4 × retry_s``, for as long as the fresh lease is locally valid (the injected clock); None
+    when it ran out first (the caller releases it and claims again later). ``note`` gets the
+    reason while it cannot read (``/ready``: the router is not controlling meanwhile)."""
+    delay = retry_s
+    while True:
+        try:
+            found = await store.read()
+        except OSError as exc:
+            found = statefile.StateRead(None, "unreadable", f"{store.describe()}: {describe_error(exc)}")
+        except HandoffError as exc:  # (a document of an incompatible version)
+            found = statefile.StateRead(None, "invalid", f"handoff invalid: {exc}")
+        if found.kind != "unreadable":
+            return found
+        if not lease.valid():
+            return None
+        why = f"handoff unreadable after the claim, reading it again: {found.reason}"
+        log.warning("%s", why)
+        note(why)
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, 4 * retry_s)
+        if not lease.valid():
+            return None
 
 
 def describe_error(exc: BaseException) -> str:

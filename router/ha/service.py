@@ -28,10 +28,10 @@ from aiohttp import web
 from router.core import RouterCore
 from router.ha import statefile
 from router.ha.handoff import Handoff
-from router.ha.keeper import CONTENDED, RENEWAL_FAILED, LeaseKeeper
+from router.ha.keeper import CONTENDED, RENEWAL_FAILED, ClaimInterrupted, LeaseKeeper
 from router.ha.lease import Lease
 from router.ha.lease_backend import ControlLease, as_control_lease, build_backend
-from router.ha.persist import HandoffStore, Persister, PersistError
+from router.ha.persist import HandoffStore, Persister, PersistError, read_after_claim
 from router.ha.settings import HARuntime
 from router.ha.standby import StandbyLoop
 from router.ha.transfer import Handover, LifecycleView, ProbeSchedule
@@ -195,19 +195,29 @@ class HAService:
 
     async def _claimed(self, previous_epoch: int) -> str:
         """After a claim: ``--resume`` at start; after a re-claim, a newer handoff written meanwhile
-        by another holder is applied first. Returns "" or why this router must not control."""
+        by another holder is applied first. Returns "" or why this router must not control; raises
+        ``ClaimInterrupted`` when the lease ran out while the shared handoff stayed unreadable."""
         if not previous_epoch:
             if self.settings.resume:
                 await self.resume()
             return ""
         if self.shared is None:
             return ""
-        found = await self.shared.read()
+        assert self.lease is not None  # a re-claim or a contender's claim: a lease was claimed
+        found = await read_after_claim(self.shared, self.lease, self._note_blocked, self._read_retry_s)
+        if found is None:  # the fresh lease ran out first: released, claimed again later
+            raise ClaimInterrupted("lease expired while reading the handoff: still unreadable")
         if previous_epoch == CONTENDED:  # taken over from another holder: its stored handoff
             if found.kind not in ("ok", "missing"):
                 return f"lease taken over, but the stored handoff is unusable: {found.reason}"
-            if found.doc is None or (self.lease is not None and found.doc.holder == self.lease.holder):
+            if found.doc is None or found.doc.holder == self.lease.holder:
                 return ""
+        elif found.kind not in ("ok", "missing") and self.lease.previous_epoch > previous_epoch:
+            # another router held the lease meanwhile: the damaged copy may hold its acknowledged state
+            return (
+                f"lease claimed again, but the shared handoff is unusable after epoch "
+                f"{self.lease.previous_epoch} of another holder: {found.reason}"
+            )
         elif found.doc is None or found.doc.epoch <= previous_epoch:
             return ""
         applied, why = (self.adopt or self.handover.apply)(found.doc)
@@ -215,6 +225,13 @@ class HAService:
             return f"lease claimed again, but the newer handoff was not applied: {why}"
         log.warning("lease claimed again: %s", why)
         return ""
+
+    def _note_blocked(self, why: str) -> None:
+        self.core.control.failover_blocked = why  # not controlling while it cannot read
+
+    @property
+    def _read_retry_s(self) -> float:
+        return max(0.01, self.settings.lease_renew_interval_s / 4)
 
     async def _epoch_floor(self) -> int:
         """The highest epoch in the handoff documents this router can read (local + shared)."""

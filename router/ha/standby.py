@@ -22,7 +22,7 @@ from router.ha import statefile
 from router.ha.handoff import Handoff, HandoffError, HandoffVersionError, validate
 from router.ha.lease import Lease, LeaseError, LeaseRecord
 from router.ha.lease_backend import ControlLease, as_control_lease
-from router.ha.persist import FileHandoffStore, HandoffStore
+from router.ha.persist import FileHandoffStore, HandoffStore, read_after_claim
 from router.ha.settings import HARuntime
 from router.ha.transfer import Handover
 
@@ -133,6 +133,7 @@ class StandbyLoop:
         self.last_block_reason = ""  # the takeover block last logged (logged once per reason)
         self._shared_epoch = 0  # highest epoch seen in the shared handoff
         self._shared_damage = ""  # why the shared handoff was unusable at the last look
+        self._shared: Handoff | None = None  # the shared handoff read after the last claim
 
     async def _get(self, client: httpx.AsyncClient, path: str) -> tuple[int, Any]:
         r = await client.get(self.primary + path)
@@ -216,14 +217,15 @@ class StandbyLoop:
         return done
 
     async def _attempt_takeover(self) -> bool:
+        """Claim first, then read the shared handoff (the old holder is fenced by the claim, so no
+        acknowledgement can land after that read), then apply the newest of it and the poll."""
         control, clock = self.core.control, self.core.clock
-        doc = await self._freshest()
-        if doc is None:
+        if not await self._may_take_over():
             control.failover_blocked = "no fresh handoff"
             return False
-        self.doc = doc
+        floor = max(self.doc.epoch if self.doc is not None else 0, self._shared_epoch)
         try:  # epochs never go backwards: above the record's and every handoff's epoch
-            claimed = await self.lease.claim(max(doc.epoch, self._shared_epoch))
+            claimed = await self.lease.claim(floor)
         except LeaseError as exc:
             control.failover_blocked = f"lease unavailable: {exc}"
             return False
@@ -235,6 +237,12 @@ class StandbyLoop:
         epoch = self.lease.epoch
         if self.lease.recovered:
             log.error("standby: lease record recovered: %s", self.lease.recovered)
+        if not await self._read_shared():
+            return await self._retry_later("lease expired while reading the handoff: still unreadable")
+        doc = self._chosen()
+        if doc is None:  # the poll aged out meanwhile and there is no durable copy
+            return await self._stand_down("no fresh handoff", for_good=False)
+        self.doc = doc
         if doc.epoch >= epoch:
             return await self._refuse(f"handoff epoch {doc.epoch} cannot precede claimed epoch {epoch}")
         if self._shared_damage and doc.epoch < self.lease.previous_epoch:
@@ -263,26 +271,59 @@ class StandbyLoop:
         )
         return True
 
-    async def _freshest(self) -> Handoff | None:
-        """Before claiming: prefer the holder's shared handoff when it is newer than the last poll;
-        ``takeover_handoff`` decides whether the result may be used (freshness rules for polls)."""
-        shared: Handoff | None = None
+    async def _may_take_over(self) -> bool:
+        """Before claiming: is there anything to take over with? (A fresh poll, or a shared copy
+        that is there or cannot be read now; an unreadable one is read again after the claim.) This
+        look only decides whether to claim and raises the claim's epoch floor; the state taken over
+        with is read after the claim."""
         now, max_age = self.core.clock.wall(), self.settings.standby_max_handoff_age_s
-        if self.shared is not None:
-            try:
-                found = await self.shared.read()
-            except (HandoffError, OSError) as exc:
-                log.warning("standby: shared handoff unusable, keeping the polled one: %s", exc)
-                return takeover_handoff(self.doc, None, now, max_age)
-            self._shared_damage = found.reason if found.kind not in ("ok", "missing") else ""
-            if self._shared_damage:
-                log.warning("standby: shared handoff unusable (%s), keeping the polled one", found.reason)
-            shared = found.doc
-            self._shared_epoch = max(self._shared_epoch, shared.epoch if shared is not None else 0)
-        chosen = takeover_handoff(self.doc, shared, now, max_age)
+        if takeover_handoff(self.doc, None, now, max_age) is not None:
+            return True
+        if self.shared is None:
+            return False
+        try:
+            found = await self.shared.read()
+        except OSError:
+            return True
+        except HandoffError:
+            return False
+        if found.doc is not None:
+            self._shared_epoch = max(self._shared_epoch, found.doc.epoch)
+        return found.kind in ("ok", "unreadable")
+
+    async def _read_shared(self) -> bool:
+        """After the claim: the shared handoff, read again while unreadable (never skipped for
+        the poll). False when the fresh lease ran out first."""
+        self._shared = None
+        self._shared_damage = ""
+        if self.shared is None:  # no durable copy configured: the poll alone (the peer's rule)
+            return True
+        found = await read_after_claim(self.shared, self.lease, self._note_blocked, self._read_retry_s)
+        if found is None:
+            return False
+        self._shared_damage = found.reason if found.kind not in ("ok", "missing") else ""
+        if self._shared_damage:
+            log.warning("standby: shared handoff unusable (%s), keeping the polled one", found.reason)
+        self._shared = found.doc
+        if found.doc is not None:
+            self._shared_epoch = max(self._shared_epoch, found.doc.epoch)
+        return True
+
+    def _chosen(self) -> Handoff | None:
+        """The newest of the poll and the shared copy; ``takeover_handoff`` applies the freshness
+        rule for polls."""
+        now, max_age = self.core.clock.wall(), self.settings.standby_max_handoff_age_s
+        chosen = takeover_handoff(self.doc, self._shared, now, max_age)
         if chosen is not self.doc and chosen is not None:
             log.info("standby: taking over with the holder's shared handoff (at %.3f)", chosen.at)
         return chosen
+
+    def _note_blocked(self, why: str) -> None:
+        self.core.control.failover_blocked = why  # still standby: not controlling while unreadable
+
+    @property
+    def _read_retry_s(self) -> float:
+        return max(0.01, self.settings.lease_renew_interval_s / 4)
 
     async def _retry_later(self, why: str) -> bool:
         """The lease ran out during the takeover itself (a loaded host): stay standby and keep
