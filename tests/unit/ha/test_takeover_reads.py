@@ -190,3 +190,30 @@ async def test_standby_reads_the_shared_handoff_after_claiming(
     assert c.controls_fleet() and c.control.epoch == 2
     assert "e2" in c.scheduler.draining and c.counters.values["served"] == 20
     await ha.stop()
+
+
+async def test_a_reclaim_over_a_damaged_handoff_written_after_another_holders_epoch_is_refused(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Router b held epoch 2 while a was cut off; the shared copy is now torn (it may have held b's
+    acknowledged changes): a does not resume with its own older state."""
+    c = core(clock=clock)
+    ha = _service(tmp_path, c)
+    await ha.start()
+    assert ha.lease is not None and ha.keeper is not None
+    for task in ha._tasks:
+        task.cancel()
+    clock.advance(1.0)  # a's record expired; it lost the lease to a local error
+    ha.lease.owned = False
+    c.control.failover_blocked = "lease renewal failing: [Errno 24] Too many open files"
+    b = Lease(LeaseSettings(str(tmp_path / "router.lease"), "router-b", 1.0, 0.2, 0.1), clock=clock)
+    assert b.claim(1) and b.epoch == 2
+    b.release()
+    (tmp_path / "router.lease.handoff.json").write_bytes(b'{"schema": "narwhal.handoff", "ep')
+    assert not await ha.keeper.claim_until_held(1)
+    assert not c.controls_fleet() and c.health_status() == "fenced"
+    assert c.control.failover_blocked.startswith(
+        "lease claimed again, but the shared handoff is unusable after epoch 2 of another holder: "
+        "handoff file torn: "
+    )
+    await ha.stop()
