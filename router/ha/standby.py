@@ -277,19 +277,18 @@ class StandbyLoop:
         look only decides whether to claim and raises the claim's epoch floor; the state taken over
         with is read after the claim."""
         now, max_age = self.core.clock.wall(), self.settings.standby_max_handoff_age_s
-        if takeover_handoff(self.doc, None, now, max_age) is not None:
-            return True
+        fresh_poll = takeover_handoff(self.doc, None, now, max_age) is not None
         if self.shared is None:
-            return False
+            return fresh_poll
         try:
             found = await self.shared.read()
         except OSError:
             return True
         except HandoffError:
-            return False
+            return fresh_poll
         if found.doc is not None:
             self._shared_epoch = max(self._shared_epoch, found.doc.epoch)
-        return found.kind in ("ok", "unreadable")
+        return fresh_poll or found.kind in ("ok", "unreadable")
 
     async def _read_shared(self) -> bool:
         """After the claim: the shared handoff, read again while unreadable (never skipped for
