@@ -2,7 +2,10 @@
 
 ``assemble`` builds the component graph once: every component receives the collaborators it uses
 as typed constructor arguments (or small ``Protocol``s: ``ha.transfer.LifecycleView``,
-``ha.service.MonitorView``); nothing is looked up at run time. The result, ``Router``, names every
+``ha.service.MonitorView``); nothing is looked up at run time. The control mode
+(``router/control_mode.py``: active-passive, or active-active from ``router/replicas/wiring.py``)
+is chosen here and given to the core (readiness, placement, recovery), the lifecycle (the drain's
+acknowledgement, via the core) and HA (a takeover's adoption). The result, ``Router``, names every
 component; the application carries it under ``ROUTER_KEY`` (tests and in-process tools read it
 there).
 
@@ -170,18 +173,23 @@ def assemble(config: FleetConfig, options: RouterOptions | None = None, clock: C
         config=config, journal=Journal(journal_path(config, options)), clock=clock or SystemClock()
     )
     parts = build_parts(core, options)
-    life = lifecycle_components(core, parts.breaker, parts.prober, parts.metrics)
+    ha_runtime = ha_settings.from_options(config, options, port=options.port)
+    aa_settings, endpoints = replica_wiring.settings_for(config, options, ha_runtime)
+    # active-active: the replica set's picture first, the lifecycle reads it (resident work, stop gate)
+    picture = replica_wiring.replica_set(core, aa_settings) if aa_settings is not None else None
+    life = lifecycle_components(core, parts.breaker, parts.prober, parts.metrics, replicas=picture)
+    replicas: list[Component] = []
+    if aa_settings is not None and picture is not None:
+        mode = replica_wiring.active_active(
+            core, life.service, aa_settings, endpoints, picture, ha_runtime.etcd_security()
+        )
+        core.mode = mode  # the one late binding: set before anything starts, never changed
+        replicas.append(mode.service)
     ha = HAService(
-        core,
-        ha_settings.from_options(config, options, port=options.port),
-        lifecycle=life.service,
-        breaker=parts.breaker,
-        monitor=life.monitor,
+        core, ha_runtime, lifecycle=life.service, breaker=parts.breaker, monitor=life.monitor, mode=core.mode
     )
     life.service.persist_hooks.append(ha.persist)  # the state file follows every lifecycle change
     parts.metrics.extra_metric_sources.append(ha.metric_lines)
-    settings, endpoints = replica_wiring.settings_for(config, options, ha.settings)
-    replicas = replica_wiring.replica_components(core, life.service, settings, endpoints, parts.prober, ha)
     state = StateApi(core, parts.breaker, life.service, life.monitor.health)
     router = Router(
         core, options, parts, life.service, life.monitor, ha, ContextLimits(core), replicas, state=state

@@ -13,7 +13,7 @@ _JSON = "application/json"
 
 def _lease_problem(core: RouterCore) -> str:
     lease = core.control.lease
-    return str(getattr(lease, "problem", "") or getattr(lease, "recovered", "") or "")
+    return (lease.problem or lease.recovered) if lease is not None else ""
 
 
 class Ops:

@@ -5,8 +5,10 @@
   recovery.readmit_every``) probes ejected engines and re-verifies inference suspects.
   Contract-free readmission: ``/health`` 200 and a direct 1-token generation (plus an inference
   probe for suspects). When ``recovery_validator`` is set (fleets with an ``engine_contract``,
-  wired by the lifecycle component), it is called instead and owns the readmission.
-The pass is skipped while this router does not control the fleet or a fleet hold is active.
+  wired by the lifecycle component), it is called instead and owns the readmission; the control
+  mode (``core.mode``, router/control_mode.py) picks the validator that applies right now.
+The pass is skipped while a fleet hold is active, and while this router does not control the fleet
+unless the mode recovers its own ejections (active-active).
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ class Prober:
     def pass_once(self) -> None:
         core = self.core
         # active-active: breaker evidence is each replica's own, so every replica probes its ejections
-        if (not core.controls_fleet() and core.control.replica is None) or core.scheduler.fleet_hold:
+        if (not core.controls_fleet() and not core.mode.recovers_own_ejections) or core.scheduler.fleet_hold:
             return
         for iid in self.breaker.due_for_readmission(self.interval_s):
             self._spawn(iid, self._recover(iid))
@@ -163,8 +165,9 @@ class Prober:
 
     async def _recover(self, iid: str) -> None:
         url = self.core.scheduler.engines[iid].url
-        if self.recovery_validator is not None:
-            ok: bool | None = await self.recovery_validator(iid)
+        validator = self.core.mode.recovery_validator(self.recovery_validator)
+        if validator is not None:
+            ok: bool | None = await validator(iid)
             self.breaker.readmission_probe(iid, ok, "lifecycle")
             return
         ok = await self.engines.health(url) and await self.engines.generate_one(url)

@@ -23,6 +23,7 @@ from router.lifecycle.monitor import LifecycleMonitor
 from router.lifecycle.service import LifecycleService
 from router.metrics import MetricsRenderer, labelled
 from router.probes import Prober
+from router.replicas.view import ReplicaPicture
 
 
 def metric_families(service: LifecycleService) -> Iterable[Metric]:
@@ -59,10 +60,15 @@ class LifecycleParts:
 
 
 def lifecycle_components(
-    core: RouterCore, breaker: Breaker, prober: Prober, metrics: MetricsRenderer
+    core: RouterCore,
+    breaker: Breaker,
+    prober: Prober,
+    metrics: MetricsRenderer,
+    replicas: ReplicaPicture | None = None,
 ) -> LifecycleParts:
-    """The lifecycle API and monitor, with readmission hooked into the breaker and the prober."""
-    service = LifecycleService(core, eject=breaker.eject)
+    """The lifecycle API and monitor, with readmission hooked into the breaker and the prober
+    (``replicas``: active-active's replica set, for resident work and ``ready_to_stop``)."""
+    service = LifecycleService(core, eject=breaker.eject, replicas=replicas)
     service.machine.readmit_hook = lambda iid: breaker.readmit(iid, "lifecycle")
     monitor = LifecycleMonitor(core, service, eject=breaker.eject, prober=prober)
     metrics.extra_metric_sources.append(lambda: metric_families(service))
