@@ -25,9 +25,6 @@ from router.replicas.mode import ActiveActive
 from router.replicas.picture import ReplicaSet
 from router.replicas.service import ReplicaService, ReplicaSettings, replica_set
 
-__all__ = ["active_active", "default_prefix", "replica_set", "settings_for"]
-
-
 def active_active(
     core: RouterCore,
     lifecycle: LifecycleService,
