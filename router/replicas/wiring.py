@@ -23,7 +23,9 @@ from router.ha.etcd_keys import default_prefix
 from router.lifecycle.service import LifecycleService
 from router.replicas.mode import ActiveActive
 from router.replicas.picture import ReplicaSet
-from router.replicas.service import ReplicaService, ReplicaSettings, replica_set
+from router.replicas.service import ReplicaService, ReplicaSettings
+from router.replicas.service import replica_set as replica_set  # assembly builds it first
+
 
 def active_active(
     core: RouterCore,
