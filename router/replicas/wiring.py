@@ -15,8 +15,9 @@ nothing here patches another component.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
+from router.config import FleetConfig
 from router.core import RouterCore
 from router.ha.etcd_client import EtcdClient, EtcdSecurity
 from router.ha.etcd_keys import default_prefix
@@ -25,6 +26,10 @@ from router.replicas.mode import ActiveActive
 from router.replicas.picture import ReplicaSet
 from router.replicas.service import ReplicaService, ReplicaSettings
 from router.replicas.service import replica_set as replica_set  # assembly builds it first
+
+if TYPE_CHECKING:
+    from router.ha.settings import HARuntime
+    from router.options import RouterOptions
 
 
 def active_active(
@@ -40,11 +45,12 @@ def active_active(
     return ActiveActive(ReplicaService(core, lifecycle, client, settings, replicas=replicas))
 
 
-def settings_for(config: Any, options: Any, runtime: Any) -> tuple[ReplicaSettings | None, str]:
+def settings_for(
+    config: FleetConfig, options: RouterOptions, runtime: HARuntime
+) -> tuple[ReplicaSettings | None, str]:
     """(replica settings or None in active-passive mode, etcd endpoints); ``ValueError`` = usage error."""
     from router.replicas import settings as replica_settings
 
-    endpoints = str(getattr(runtime, "etcd_endpoints", "") or "")
-    prefix = str(getattr(runtime, "etcd_prefix", "") or "") or default_prefix(config.model)
-    rid = str(getattr(runtime, "router_id", "") or "")
-    return replica_settings.from_options(config, options, rid, prefix, endpoints), endpoints
+    endpoints = runtime.etcd_endpoints
+    prefix = runtime.etcd_prefix or default_prefix(config.model)
+    return replica_settings.from_options(config, options, runtime.router_id, prefix, endpoints), endpoints
