@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 
 from router.config import ConfigError, FleetConfig
-from router.connections import CONTROL_EXTRA, ConnectionGuard, GuardedSite
+from router.connections import CONTROL_EXTRA, Listeners
 
 CONTROL_PREFIX = "/narwhal/"
 CONTROL_OPS = frozenset({"/health", "/ready", "/metrics"})
@@ -126,20 +126,19 @@ def install_listener_split(app: web.Application, config: FleetConfig, options: o
 
 
 async def start_control_site(
-    runner: web.BaseRunner, config: FleetConfig, options: object, guard: ConnectionGuard | None = None
+    runner: web.BaseRunner, config: FleetConfig, options: object, listening: Listeners | None = None
 ) -> ControlListener | None:
     """Bind the control listener on ``runner`` (after the client site); None when not configured.
 
-    With a ``guard`` the listener may hold ``CONTROL_EXTRA`` connections beyond the client bound, so
-    operators and the standby get in while the client listener is full."""
+    Through ``listening`` (the connection guard's listeners) it may hold ``CONTROL_EXTRA``
+    connections beyond the client bound, so operators and the standby get in while the client
+    listener is full; without it, it is a plain ``web.TCPSite``."""
     listener = control_listener(config, options)
     if listener is None:
         return None
-    site: web.TCPSite
-    if guard is not None:
-        site = GuardedSite(runner, listener.host, listener.port, guard, CONTROL_EXTRA, backlog=128,
-                           reuse_address=True)  # fmt: skip
+    if listening is not None:
+        assert runner.server is not None
+        await listening.open(runner.server, listener.host, listener.port, extra=CONTROL_EXTRA)
     else:
-        site = web.TCPSite(runner, listener.host, listener.port, backlog=128, reuse_address=True)
-    await site.start()
+        await web.TCPSite(runner, listener.host, listener.port, backlog=128, reuse_address=True).start()
     return listener
