@@ -24,5 +24,6 @@ got=$(.venv/bin/python -c 'import aiohttp; print(aiohttp.__version__)')
 echo "aiohttp range check: lowest version $low (imported: $got)"
 case "$got" in "$low"|"$low".*) ;; *) echo "expected aiohttp $low, imported $got" >&2; exit 1 ;; esac
 .venv/bin/python -m pytest -q -p no:cacheprovider -n 0 \
-  tests/unit/test_aiohttp_public.py tests/unit/test_front.py tests/unit/test_listeners.py \
+  tests/unit/test_aiohttp_public.py tests/unit/test_connections.py tests/unit/test_front.py \
+  tests/unit/test_listeners.py tests/unit/lifecycle/test_client_leaves.py \
   tests/integration/test_connection_hygiene.py "$@"
