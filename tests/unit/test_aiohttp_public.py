@@ -1,11 +1,14 @@
 """The router uses aiohttp only through its public API (issue 25), so an aiohttp release inside the
 pinned range cannot silently break the graceful stop, the connection bound or the hand-off.
 
-A static check over ``router/``: the private names aiohttp's own classes use (``self._x`` in
-aiohttp's source) must not be read off an object of ours' hands (``obj._x``, ``getattr(obj, "_x")``)
-or defined by a class of ours for aiohttp to read (impersonation: ``_request_count``,
-``_task_handler``); no class subclasses an aiohttp class (its ``self._x`` would be aiohttp's); imports
-from aiohttp are public modules' exported names.
+A static check over ``router/``:
+
+- no ``obj._x`` where ``_x`` is a private name found in aiohttp's source (``self._x`` stays ours);
+- no ``getattr`` / ``hasattr`` / ``setattr`` with a private name at all;
+- no connection protocol of ours defines what aiohttp's server modules read off the objects they
+  are given (impersonating aiohttp's ``RequestHandler``: ``_task_handler``);
+- no class subclasses an aiohttp class (its ``self._x`` would be aiohttp's: ``GuardedSite``);
+- imports from aiohttp name public modules and the names they export.
 """
 
 from __future__ import annotations
