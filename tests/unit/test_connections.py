@@ -14,6 +14,7 @@ from aiohttp import web
 
 from router.config import ServingSettings
 from router.connections import MIN_BOUND, ConnectionGuard, Listeners
+from router.serving.exchange import AioExchange
 from tests.unit.test_front import Client, front_server, post, until
 
 
@@ -128,3 +129,55 @@ async def test_the_stop_refuses_new_connections_on_the_front_listener() -> None:
         assert resp.status_code == 200 and json.loads(body) == {"echo": {"last": 1}}
         await stopping
         assert s.serving.cancelled == 0
+
+
+# -- a stream served through aiohttp: the relay's own transport writes, framed as the response is --
+async def _relayed_stream(request: web.Request) -> web.StreamResponse:
+    ex = AioExchange(request)
+    sink = await ex.open_stream({"content-type": "text/event-stream"})
+    await sink.write(b"data: 1\n\n")  # the head goes out with the first write
+    relayed = b"data: 2\n\n"  # what ClientRelay writes straight to the transport
+    sink.transport.write(b"%x\r\n%b\r\n" % (len(relayed), relayed) if sink.chunked else relayed)
+    assert sink.flow.writing_paused is False
+    await sink.drain()
+    await sink.write_eof(b"data: [DONE]\n\n")
+    return ex.result()
+
+
+@pytest.mark.parametrize(("version", "chunked"), [(b"1.1", True), (b"1.0", False)])
+async def test_the_relays_transport_writes_under_an_aiohttp_stream_are_framed_as_the_response(
+    version: bytes, chunked: bool
+) -> None:
+    app = web.Application()
+    app.router.add_post("/v1/completions", _relayed_stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /v1/completions HTTP/%b\r\nHost: r\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
+            % version
+        )
+        async with asyncio.timeout(20):
+            raw = await reader.read()  # the server closes after the stream (Connection: close)
+        writer.close()
+    finally:
+        await runner.cleanup()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.") and b" 200 " in head.split(b"\r\n", 1)[0]
+    assert (b"transfer-encoding: chunked" in head.lower()) is chunked
+    events = b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+    if chunked:
+        parsed = b""
+        while True:
+            size_line, _, body = body.partition(b"\r\n")
+            size = int(size_line, 16)
+            if size == 0:
+                break
+            parsed, body = parsed + body[:size], body[size + 2 :]
+        assert parsed == events
+    else:
+        assert body == events
