@@ -74,7 +74,9 @@ def test_a_full_queue_drops_new_rows_and_counts_them_instead_of_growing(
     journal.close()
     assert journal.degraded() == ""
     assert [r.get("i") for r in _rows(path)[1:]] == [*range(9), 99]
-    assert _messages(caplog, "queue has room again") == ["journal queue has room again; 16 rows dropped so far"]
+    assert _messages(caplog, "queue has room again") == [
+        "journal queue has room again; 16 rows dropped so far"
+    ]
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO, errno.EROFS])
