@@ -16,6 +16,7 @@ from aiohttp import web
 
 from router.core import RouterCore
 from router.engines.control import EngineControl
+from router.tasks import Tasks
 
 log = logging.getLogger("narwhal.context")
 
@@ -26,21 +27,17 @@ class ContextLimits:
         self.interval_s = interval_s
         self.control = EngineControl(core.config)
         self.reported: dict[str, int] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Tasks(log)
 
     def add_routes(self, app: web.Application) -> None:
         return None
 
     async def start(self) -> None:
         await self.control.start()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="narwhal-context-limits")
+        self._tasks.spawn(self._run(), "narwhal-context-limits")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        await self._tasks.stop()
         await self.control.stop()
 
     async def refresh(self) -> bool:

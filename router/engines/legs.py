@@ -9,7 +9,7 @@ probes so a saturated data plane never starves health checks. Failures are raise
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
 import ssl
 from collections.abc import Callable
@@ -32,6 +32,7 @@ from router.engines.wire import (
     WireError,
 )
 from router.serving.params import PREFILL_DROP  # client fields the prefill leg never gets (§11.3)
+from router.tasks import Tasks
 
 _JSON = "application/json"
 _CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
@@ -290,7 +291,7 @@ class EngineClient:
         self.pool = EnginePool(connect_timeout=eng.health_timeout_s)
         self._targets: dict[tuple[str, str], _Target] = {}
         self._watched: set[Response] = set()  # legs in flight (the watchdog's list)
-        self._watchdog: asyncio.Task[None] | None = None
+        self._tasks = Tasks(logging.getLogger("narwhal.engines"))  # the stream watchdog
         self._control: aiohttp.ClientSession | None = None
         self._ssl: ssl.SSLContext | None = None
         self.traced = False  # OpenTelemetry CLIENT span + traceparent per leg (set at start)
@@ -302,15 +303,11 @@ class EngineClient:
     async def start(self) -> None:
         if self._control is None:
             self._control = self._new_session(32)
-            self._watchdog = asyncio.create_task(self._watch_streams())
+            self._tasks.spawn(self._watch_streams(), "narwhal-leg-watchdog")
             self.traced = telemetry.tracing_installed()
 
     async def stop(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watchdog
-            self._watchdog = None
+        await self._tasks.stop()
         if self._control is not None:
             await self._control.close()
         self._control = None
