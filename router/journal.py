@@ -210,7 +210,7 @@ class Journal:
         """Why rows are not being written ("" when they are)."""
         failing = self._writer.failing if self._writer is not None else ""
         parts = [f"journal write failing: {failing}"] if failing else []
-        if self._dropping:
+        if self._dropping and self.queued_rows >= self.capacity // 2:  # the writer has not caught up
             parts.append(f"journal queue full ({self.capacity} rows): new rows dropped")
         if parts and self.dropped_rows:
             parts.append(f"{self.dropped_rows} rows dropped")

@@ -70,6 +70,7 @@ def test_a_full_queue_drops_new_rows_and_counts_them_instead_of_growing(
     assert len(_messages(caplog, "journal queue full")) == 1  # one line for the episode, not per row
     disk.open.set()
     wait_for("the queue written", lambda: journal.queued_rows == 0)
+    assert journal.degraded() == ""  # caught up: no longer reported, even before the next row
     journal.append({"event": "request", "i": 99})  # room again: admitted, the episode ends
     journal.close()
     assert journal.degraded() == ""
