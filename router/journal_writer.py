@@ -6,7 +6,9 @@ the rows already handed over are **kept**, in order, and the write is retried ev
 full are dropped and counted there. When a retry succeeds the kept rows are written in order (a
 row the failing write cut short is completed, never duplicated: the writer resumes at the byte the
 file stopped at) and writing goes on — no fault leaves the writer dead after it clears. At close
-one last attempt is made; rows it cannot write are dropped and counted (``abandoned``).
+one last attempt is made; rows it cannot write are dropped and counted (``abandoned``). Anything
+but an ``OSError`` is a bug: the writer stops and says so (``failing``: ``writer stopped: …``, and a
+logged traceback) instead of dying silently; the bounded queue then drops and counts new rows.
 
 One log line when a failure episode starts (the first failed write after a good one) and one when
 it ends; never one per row or per retry. The counters are plain integers owned by this thread
@@ -78,6 +80,9 @@ class JournalWriter:
                     self._abandon()
                 else:
                     self._wait_retry()
+        except Exception as exc:  # a bug, not the disk: say so (``/ready``, the log), never silently
+            log.exception("journal writer stopped; rows are no longer written")
+            self.failing = f"writer stopped: {type(exc).__name__}: {exc}"
         finally:
             os.close(self.fd)
 

@@ -188,3 +188,23 @@ async def test_start_reads_the_provenance_off_the_event_loop(
     journal.close()
     assert threads and threads[0] != threading.current_thread().name  # not the loop's thread
     assert "meta" in _rows(tmp_path / "j.jsonl")[0]
+
+
+def test_a_writer_that_stops_on_a_bug_says_so_and_the_queue_stays_bounded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def buggy(fd: int, data: memoryview) -> int:
+        raise TypeError("not a disk error")
+
+    journal = Journal(tmp_path / "j.jsonl", capacity=4, write=buggy)
+    with caplog.at_level(logging.ERROR, logger="narwhal.journal"):
+        journal.open()
+        wait_for("the writer stopped", lambda: journal.degraded())
+    assert journal.degraded() == "journal write failing: writer stopped: TypeError: not a disk error"
+    assert _messages(caplog, "journal writer stopped") == [
+        "journal writer stopped; rows are no longer written"
+    ]
+    for i in range(10):
+        journal.append({"i": i})
+    assert journal.queued_rows == 4 and journal.dropped_rows == 7  # the header and 3 rows kept
+    journal.close()
