@@ -6,9 +6,11 @@ end of the loop's iteration, but at most once per ``HANDOVER_S`` (20 ms) — und
 the writer per batch instead of one per request (each woke a thread that then took the GIL from the
 loop); rows appended outside a loop, and whatever is pending at ``close``, are handed over at once.
 
-Bounded: at most ``capacity`` rows (``CAPACITY_ROWS``, 10 000) are handed over and not yet written.
-A row appended while that many wait is dropped and counted (``dropped_rows``), never queued and
-never waited for: a disk that is slow or failing costs journal rows, not memory and not serving.
+Bounded: at most ``capacity`` rows (``CAPACITY_ROWS``, 50 000: about 35 MB of 700-byte rows) are
+handed over and not yet written — a loop appending 60 000 rows a second ran up to 14 000 ahead of
+its writer (``/tmp``-style local disk), so a healthy disk never reaches the bound. A row appended
+while that many wait is dropped and counted (``dropped_rows``), never queued and never waited for:
+a disk that is slow or failing costs journal rows, not memory and not serving.
 While writes fail the writer keeps the rows it holds and retries (its rule); ``degraded()`` says
 why rows are not being written ("" when they are) for ``/ready``'s ``journal_degraded``, which does
 not make the router unready — serving goes on, as with ``control_degraded``. ``families()`` are the
@@ -53,7 +55,7 @@ SCHEMA_VERSION = 1
 PACKAGE = "narwhal-restart"
 _PACKAGES = ("router", "workflows", "activities", "fleet")
 HANDOVER_S = 0.02  # at most one hand-over to the writer thread per this many seconds
-CAPACITY_ROWS = 10_000  # rows handed over and not yet written, at most (then new rows are dropped)
+CAPACITY_ROWS = 50_000  # rows handed over and not yet written, at most (then new rows are dropped)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a planted FIFO fails the open instead of blocking it
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
