@@ -1,8 +1,8 @@
 """Data-plane engine client (vLLM dialect, NIXL descriptor hand-off, spec §11.3).
 
-One shared ``aiohttp.ClientSession`` (pooled keep-alive connections, limit
-``serving.max_connections``) for the prefill and decode legs, and a small separate session for
-probes so a saturated data plane never starves health checks. Failures are raised as
+The prefill and decode legs go over the router's own keep-alive pool (``engines/wire.py``; at
+most ``serving.max_connections`` connections kept open), probes over a small separate aiohttp
+session so a saturated data plane never starves health checks. Failures are raised as
 :class:`LegFailure`, classified for the breaker (spec §9.1).
 """
 
@@ -273,9 +273,9 @@ class EngineClient:
     a timer per read.
     """
 
-    def __init__(self, config: FleetConfig, max_connections: int | None = None) -> None:
+    def __init__(self, config: FleetConfig) -> None:
         self.config = config
-        self.max_connections = max_connections or config.serving.max_connections
+        self.max_connections = config.serving.max_connections  # the pool's open-connection bound
         self.headers: dict[str, str] = {"content-type": _JSON}
         key_env = config.engine.engine_api_key_env
         if key_env and os.environ.get(key_env):
@@ -288,7 +288,7 @@ class EngineClient:
             total=srv.prefill_timeout_s, sock_connect=eng.health_timeout_s
         )
         self.health_timeout = aiohttp.ClientTimeout(total=eng.health_timeout_s)
-        self.pool = EnginePool(connect_timeout=eng.health_timeout_s)
+        self.pool = EnginePool(connect_timeout=eng.health_timeout_s, max_open=self.max_connections)
         self._targets: dict[tuple[str, str], _Target] = {}
         self._watched: set[Response] = set()  # legs in flight (the watchdog's list)
         self._tasks = Tasks(logging.getLogger("narwhal.engines"))  # the stream watchdog

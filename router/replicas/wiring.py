@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.app import Component
+from router.config import FleetConfig
 from router.core import RouterCore
 from router.ha.etcd_client import EtcdClient
 from router.lifecycle.service import LifecycleService
 from router.replicas.service import ReplicaService, ReplicaSettings
+
+if TYPE_CHECKING:
+    from router.ha.settings import HARuntime
+    from router.options import RouterOptions
 
 log = logging.getLogger("narwhal.replicas")
 
@@ -88,11 +93,12 @@ def default_prefix(model: str) -> str:
     return f"/narwhal/{safe}/"
 
 
-def settings_for(config: Any, options: Any, runtime: Any) -> tuple[ReplicaSettings | None, str]:
+def settings_for(
+    config: FleetConfig, options: RouterOptions, runtime: HARuntime
+) -> tuple[ReplicaSettings | None, str]:
     """(replica settings or None in active-passive mode, etcd endpoints); ``ValueError`` = usage error."""
     from router.replicas import settings as replica_settings
 
-    endpoints = str(getattr(runtime, "etcd_endpoints", "") or "")
-    prefix = str(getattr(runtime, "etcd_prefix", "") or "") or default_prefix(config.model)
-    rid = str(getattr(runtime, "router_id", "") or "")
-    return replica_settings.from_options(config, options, rid, prefix, endpoints), endpoints
+    endpoints = runtime.etcd_endpoints
+    prefix = runtime.etcd_prefix or default_prefix(config.model)
+    return replica_settings.from_options(config, options, runtime.router_id, prefix, endpoints), endpoints
