@@ -52,8 +52,8 @@ from bench._common import (
     run_async,
 )
 from fleet.fleetgen import fleet_document, sim_command
-from fleet.testing.fleet import vllm_router_command
-from fleet.testing.procs import BIN, Proc, ProcGroup, free_port, proc_group, script, wait_http
+from narwhal_testing.fleet import vllm_router_command
+from narwhal_testing.procs import BIN, Proc, ProcGroup, free_port, proc_group, script, wait_http
 
 PROMPTS = {"short": SHORT_PROMPT, "8k": PROMPT_8K, "long": LONG_PROMPT}
 

@@ -29,6 +29,7 @@ from router.clock import Clock, SystemClock
 from router.config import FleetConfig
 from router.context_limits import ContextLimits
 from router.core import RouterCore
+from router.engines.control import EngineControl
 from router.engines.legs import EngineClient
 from router.ha.service import HAService
 from router.journal import Journal
@@ -53,6 +54,7 @@ class RouterParts:
     """The built-in components, for components that need to talk to them."""
 
     engines: EngineClient
+    control: EngineControl
     breaker: Breaker
     prober: Prober
     stats: ServingStats
@@ -66,6 +68,7 @@ def build_parts(core: RouterCore, settings: Settings | RouterOptions) -> RouterP
         settings = resolve(core.config, settings)
     cfg = core.config
     engines = EngineClient(cfg)
+    control = EngineControl(cfg)  # the one engine-control client (prober, lifecycle, context limits)
     breaker = Breaker(
         core.scheduler,
         core.clock,
@@ -73,12 +76,12 @@ def build_parts(core: RouterCore, settings: Settings | RouterOptions) -> RouterP
         emit=core.journal.append,
         quarantine_s=cfg.recovery.failure_quarantine_s,
     )
-    prober = Prober(core, breaker, engines, interval_s=settings.probe_interval_s)
+    prober = Prober(core, breaker, engines, control, interval_s=settings.probe_interval_s)
     stats = ServingStats()
     metrics = MetricsRenderer(core, stats, breaker)
     serving = Serving(core, engines, breaker, stats, prober, max_concurrent=settings.seats)
     ops = Ops(core, metrics)
-    return RouterParts(engines, breaker, prober, stats, metrics, serving, ops)
+    return RouterParts(engines, control, breaker, prober, stats, metrics, serving, ops)
 
 
 @dataclass
@@ -100,6 +103,7 @@ class Router:
         p = self.parts
         return [
             p.engines,  # shared engine sessions: first to start, last to stop
+            p.control,  # the engine-control client the prober, lifecycle and context limits share
             p.serving,
             p.ops,
             p.prober,
@@ -120,7 +124,7 @@ def build(settings: Settings, clock: Clock | None = None) -> Router:
     config = settings.fleet
     core = RouterCore(config=config, journal=Journal(settings.journal), clock=clock or SystemClock())
     parts = build_parts(core, settings)
-    life = lifecycle_components(core, parts.breaker, parts.prober, parts.metrics)
+    life = lifecycle_components(core, parts.breaker, parts.prober, parts.metrics, parts.control)
     ha = HAService(core, settings.ha, lifecycle=life.service, breaker=parts.breaker, monitor=life.monitor)
     life.service.persist_hooks.append(ha.persist)  # the state file follows every lifecycle change
     parts.metrics.extra_metric_sources.append(ha.metric_lines)
@@ -129,7 +133,15 @@ def build(settings: Settings, clock: Clock | None = None) -> Router:
     )
     state = StateApi(core, parts.breaker, life.service, life.monitor.health)
     router = Router(
-        core, settings, parts, life.service, life.monitor, ha, ContextLimits(core), replicas, state=state
+        core,
+        settings,
+        parts,
+        life.service,
+        life.monitor,
+        ha,
+        ContextLimits(core, parts.control),
+        replicas,
+        state=state,
     )
     router.app = build_app(core, router.components(), client_max_size=config.serving.max_request_bytes)
     router.app[ROUTER_KEY] = router

@@ -22,10 +22,13 @@ log = logging.getLogger("narwhal.context")
 
 
 class ContextLimits:
-    def __init__(self, core: RouterCore, interval_s: float = 30.0) -> None:
+    def __init__(
+        self, core: RouterCore, control: EngineControl | None = None, interval_s: float = 30.0
+    ) -> None:
         self.core = core
         self.interval_s = interval_s
-        self.control = EngineControl(core.config)
+        self._owns_control = control is None  # a shared client is started and stopped by its owner
+        self.control = control or EngineControl(core.config)
         self.reported: dict[str, int] = {}
         self._tasks = Tasks(log)
 
@@ -33,12 +36,14 @@ class ContextLimits:
         return None
 
     async def start(self) -> None:
-        await self.control.start()
+        if self._owns_control:
+            await self.control.start()
         self._tasks.spawn(self._run(), "narwhal-context-limits")
 
     async def stop(self) -> None:
         await self._tasks.stop()
-        await self.control.stop()
+        if self._owns_control:
+            await self.control.stop()
 
     async def refresh(self) -> bool:
         """Ask every engine once; True when all of them answered."""

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from router.breaker import Breaker, Decision
 from router.core import RouterCore
+from router.engines.control import EngineControl
 from router.engines.legs import EngineClient, LegFailure, decode_body, prefill_body
 from router.tasks import Tasks
 
@@ -30,11 +31,17 @@ _PROBE_BODY: dict[str, Any] = {"prompt": "narwhal inference probe", "max_tokens"
 
 class Prober:
     def __init__(
-        self, core: RouterCore, breaker: Breaker, engines: EngineClient, interval_s: float | None = None
+        self,
+        core: RouterCore,
+        breaker: Breaker,
+        engines: EngineClient,
+        control: EngineControl,
+        interval_s: float | None = None,
     ) -> None:
         self.core = core
         self.breaker = breaker
-        self.engines = engines
+        self.engines = engines  # the fabric probe's legs: the data-plane path clients use
+        self.control = control  # health and the direct generation: the one engine-control client
         cfg = core.config
         self.interval_s = interval_s or cfg.controller.monitor_interval_s * cfg.recovery.readmit_every
         self.tick_s = min(cfg.controller.monitor_interval_s, self.interval_s)
@@ -78,7 +85,7 @@ class Prober:
         self._tasks.spawn(run(), f"narwhal-probe-{iid}")
 
     async def _health_probe(self, iid: str) -> None:
-        ok = await self.engines.health(self.core.scheduler.engines[iid].url)
+        ok = await self.control.health(iid)
         self.handle(self.breaker.health_result(iid, ok))
 
     async def _inference_probe(self, iid: str) -> None:
@@ -153,12 +160,11 @@ class Prober:
                 self._spawn(iid, self._inference_probe(iid))
 
     async def _recover(self, iid: str) -> None:
-        url = self.core.scheduler.engines[iid].url
         if self.recovery_validator is not None:
             ok: bool | None = await self.recovery_validator(iid)
             self.breaker.readmission_probe(iid, ok, "lifecycle")
             return
-        ok = await self.engines.health(url) and await self.engines.generate_one(url)
+        ok = await self.control.health(iid) and await self.control.generation_ok(iid, "narwhal-probe")
         if ok and iid in self.core.scheduler.inference_suspects:
             ok = await self.verify_paths(iid)
         if self.breaker.readmission_probe(iid, ok, "health"):

@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from router.breaker import Breaker
 from router.config import FleetConfig
 from router.core import RouterCore
+from router.engines.control import EngineControl
 from router.lifecycle.auth import control_auth_middleware
 from router.lifecycle.models import LIFECYCLE_STATES
 from router.lifecycle.monitor import LifecycleMonitor
@@ -59,10 +60,15 @@ class LifecycleParts:
 
 
 def lifecycle_components(
-    core: RouterCore, breaker: Breaker, prober: Prober, metrics: MetricsRenderer
+    core: RouterCore,
+    breaker: Breaker,
+    prober: Prober,
+    metrics: MetricsRenderer,
+    control: EngineControl | None = None,
 ) -> LifecycleParts:
-    """The lifecycle API and monitor, with readmission hooked into the breaker and the prober."""
-    service = LifecycleService(core, eject=breaker.eject)
+    """The lifecycle API and monitor, with readmission hooked into the breaker and the prober;
+    ``control``: the router's engine-control client (None: the service makes and owns its own)."""
+    service = LifecycleService(core, control=control, eject=breaker.eject)
     service.machine.readmit_hook = lambda iid: breaker.readmit(iid, "lifecycle")
     monitor = LifecycleMonitor(core, service, eject=breaker.eject, prober=prober)
     metrics.extra_metric_sources.append(lambda: metric_families(service))

@@ -1,7 +1,7 @@
 """The HA process harness on etcd: ``narwhal-serve`` routers whose lease, epoch and handoff live
-under a key prefix of a real etcd cluster (``fleet.testing.etcd``), key reads, and TCP proxies
+under a key prefix of a real etcd cluster (``narwhal_testing.etcd``), key reads, and TCP proxies
 in front of the members for partitions. The readers (``ready``, ``controls``, ``held``, ...) are
-``fleet.testing.ha``'s.
+``narwhal_testing.ha``'s.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fleet.testing.etcd import EtcdCluster
-from fleet.testing.fleet import SimEngine, start_sims
-from fleet.testing.ha import drain, ha_fleet, ready
-from fleet.testing.procs import ProcGroup
-from fleet.testing.router import RouterHandle, start_router
-from fleet.testing.tcp_proxy import TcpProxy
-from fleet.testing.waits import wait_for
+from narwhal_testing.etcd import EtcdCluster
+from narwhal_testing.fleet import SimEngine, start_sims
+from narwhal_testing.ha import drain, ha_fleet, ready
+from narwhal_testing.procs import ProcGroup
+from narwhal_testing.router import RouterHandle, start_router
+from narwhal_testing.tcp_proxy import TcpProxy
+from narwhal_testing.waits import wait_for
 
 # etcd's smallest lease TTL on the test cluster (heartbeat 100 ms, election 1 s) is 2 s. Local
 # validity 3.5 s covers a leader election (1–2 s) plus retries on a loaded machine.

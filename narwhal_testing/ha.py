@@ -20,10 +20,10 @@ from typing import Any
 
 import httpx
 
-from fleet.testing.fleet import FAST, SimEngine, write_fleet
-from fleet.testing.procs import ProcGroup
-from fleet.testing.router import RouterHandle, start_router
-from fleet.testing.waits import wait_for
+from narwhal_testing.fleet import FAST, SimEngine, write_fleet
+from narwhal_testing.procs import ProcGroup
+from narwhal_testing.router import RouterHandle, start_router
+from narwhal_testing.waits import wait_for
 
 # A 2 s lease renewed every 0.3 s, valid locally until 0.4 s before it expires: short enough for
 # quick takeovers, long enough that a renewal delayed by a busy host does not lose it.

@@ -3,7 +3,7 @@
 A test's processes die with the process that started them (``PR_SET_PDEATHSIG``, ``fleet/procs.py``);
 under xdist that process is a worker, so the worker itself must not outlive a SIGKILLed pytest —
 otherwise it runs its test to the end and the processes it started run on as orphans.
-``tests/conftest.py`` loads it; ``-p fleet.testing.xdist`` loads it anywhere else.
+``tests/conftest.py`` loads it; ``-p narwhal_testing.xdist`` loads it anywhere else.
 """
 
 from __future__ import annotations

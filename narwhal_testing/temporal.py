@@ -18,7 +18,7 @@ from temporalio.common import SearchAttributeKey
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from workflows.models import RestartProgress
+from narwhal_models.restart import RestartProgress
 
 SEARCH_ATTRIBUTE_KEYS = [
     SearchAttributeKey.for_keyword("NarwhalFleet"),

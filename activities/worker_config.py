@@ -39,8 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from activities.commands import TemplateError, check_shell, parse_exec
 from activities.documents import describe
+from narwhal_models.restart import RouterRef, SupervisorRef
 from router.ids import UnsafeValue, check_engine_url
-from workflows.models import RouterRef, SupervisorRef
 
 NAME_PATTERN = r"[A-Za-z0-9._-]{1,64}"
 _NAME = re.compile(NAME_PATTERN)

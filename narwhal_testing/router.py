@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
-from fleet.testing import loopback
-from fleet.testing.metrics import Samples, parse_samples
-from fleet.testing.procs import Proc, ProcGroup, free_port, script, wait_http
+from narwhal_testing import loopback
+from narwhal_testing.metrics import Samples, parse_samples
+from narwhal_testing.procs import Proc, ProcGroup, free_port, script, wait_http
 
 
 @dataclass

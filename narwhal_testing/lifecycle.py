@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import jsonschema
 
-from fleet.testing import loopback
-from fleet.testing.fleet import FAST, SimEngine, start_supervisor, write_fleet
-from fleet.testing.procs import ProcGroup
-from fleet.testing.router import RouterHandle, start_router
-from fleet.testing.waits import wait_for
+from narwhal_testing import loopback
+from narwhal_testing.fleet import FAST, SimEngine, start_supervisor, write_fleet
+from narwhal_testing.procs import ProcGroup
+from narwhal_testing.router import RouterHandle, start_router
+from narwhal_testing.waits import wait_for
 from router.lifecycle.document import SCHEMA_PATH
 
 __all__ = ["FAST", "SCHEMA", "Load", "Stack", "client_load", "running_threads", "start_stack", "wait_for"]

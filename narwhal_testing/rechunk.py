@@ -16,7 +16,7 @@ import threading
 
 import httptools
 
-from fleet.testing.procs import free_port
+from narwhal_testing.procs import free_port
 
 
 def one_byte_chunks(body: bytes) -> bytes:

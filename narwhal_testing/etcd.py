@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from fleet.testing import loopback
-from fleet.testing.procs import Proc, free_port
+from narwhal_testing import loopback
+from narwhal_testing.procs import Proc, free_port
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 

@@ -1,7 +1,7 @@
 """Drills for "an acknowledged drain is never lost" on a full or read-only state directory.
 
 Each drill runs real routers over real simulated engines, puts the state directory (a small tmpfs,
-``fleet.testing.smallfs``) into a fault, drains engines, then kills the controlling router with
+``narwhal_testing.smallfs``) into a fault, drains engines, then kills the controlling router with
 SIGKILL and checks on its successor (``--resume`` or the warm standby) that every drain that was
 answered 200 is still held. Used by ``tests/integration/test_durable_state.py`` (assertions) and
 ``bench/durable_drill.py`` (repetitions, counts).
@@ -16,12 +16,12 @@ from typing import Any
 
 import httpx
 
-from fleet.testing.fleet import FAST, SimEngine, write_fleet
-from fleet.testing.ha import epoch_of, held, resumed, start_pair
-from fleet.testing.procs import ProcGroup
-from fleet.testing.router import RouterHandle, start_router
-from fleet.testing.smallfs import SmallFs
-from fleet.testing.waits import wait_for
+from narwhal_testing.fleet import FAST, SimEngine, write_fleet
+from narwhal_testing.ha import epoch_of, held, resumed, start_pair
+from narwhal_testing.procs import ProcGroup
+from narwhal_testing.router import RouterHandle, start_router
+from narwhal_testing.smallfs import SmallFs
+from narwhal_testing.waits import wait_for
 
 __all__ = [
     "FAULTS",

@@ -10,7 +10,7 @@ import selectors
 import socket
 import threading
 
-from fleet.testing.procs import free_port
+from narwhal_testing.procs import free_port
 
 
 class TcpProxy:

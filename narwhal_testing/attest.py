@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from fleet.testing import loopback
-from fleet.testing.procs import Proc, ProcGroup, free_port, script, wait_http
+from narwhal_testing import loopback
+from narwhal_testing.procs import Proc, ProcGroup, free_port, script, wait_http
 
 
 @dataclass

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from fleet.fleetgen import fleet_document, sim_command, supervisor_config
-from fleet.testing import loopback
-from fleet.testing.procs import BIN, Proc, ProcGroup, free_port, script, wait_http
+from narwhal_testing import loopback
+from narwhal_testing.procs import BIN, Proc, ProcGroup, free_port, script, wait_http
 
 # fleet-file settings for tests: a fast monitor and recovery sweeps (``write_fleet(..., extra=FAST)``)
 FAST: dict[str, Any] = {

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from fleet.testing.etcd import ETCD
-from fleet.testing.procs import Proc, free_port
+from narwhal_testing.etcd import ETCD
+from narwhal_testing.procs import Proc, free_port
 
 
 @dataclass(frozen=True)

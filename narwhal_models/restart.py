@@ -3,7 +3,7 @@
 Everything that crosses the Temporal boundary is a pydantic model (serialised with
 ``pydantic_data_converter``). Documents an operator reads — the progress document and the final
 result — carry ``schema`` + ``schema_version``. Secrets never appear here: the router control token
-lives in the worker's configuration (workflows/worker_config.py): workflow input *names* a router
+lives in the worker's configuration (activities/worker_config.py): workflow input *names* a router
 and a command template the worker knows, never a command, a token or a token destination.
 
 Imported by workflow code, so: stdlib + pydantic only.
@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from workflows.analysis import AnalysisPolicy, Sample
+from narwhal_models.evidence import AnalysisPolicy, Sample
 
 PROGRESS_SCHEMA = "narwhal.restart-progress"
 RESULT_SCHEMA = "narwhal.restart-result"

@@ -12,8 +12,8 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from workflows.analysis import Buckets, EngineCounters, EvidenceSnapshot, LegCounters, RouterEvidence
-from workflows.models import (
+from narwhal_models.evidence import Buckets, EngineCounters, EvidenceSnapshot, LegCounters, RouterEvidence
+from narwhal_models.restart import (
     ConfirmRequest,
     DrainOutcome,
     DrainRequest,
