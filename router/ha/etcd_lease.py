@@ -137,7 +137,9 @@ class EtcdLeaseSettings:
 class EtcdLease:
     """One process's holder token on etcd (``router.ha.lease_backend.ControlLease``)."""
 
-    reclaims = True  # after losing control to an etcd outage, claim again once etcd answers
+    # ControlLease.contends: after losing control (an etcd outage, a live holder) claim again once
+    # the holder key is vacant, instead of staying fenced for good
+    contends = True
 
     def __init__(
         self,
