@@ -14,7 +14,6 @@ unless the mode recovers its own ejections (active-active).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -26,6 +25,7 @@ from router.breaker import Breaker, Decision
 from router.core import RouterCore
 from router.engines.control import EngineControl
 from router.engines.legs import EngineClient, LegFailure, decode_body, prefill_body
+from router.tasks import Tasks
 
 log = logging.getLogger("narwhal.probes")
 _PROBE_BODY: dict[str, Any] = {"prompt": "narwhal inference probe", "max_tokens": 2, "temperature": 0.0}
@@ -48,8 +48,7 @@ class Prober:
         self.interval_s = interval_s or cfg.controller.monitor_interval_s * cfg.recovery.readmit_every
         self.tick_s = min(cfg.controller.monitor_interval_s, self.interval_s)
         self.recovery_validator: Callable[[str], Awaitable[bool]] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._loop: asyncio.Task[None] | None = None
+        self._tasks = Tasks(log)  # the pass loop and the probes in flight
         self._suspect_checked: dict[str, float] = {}
 
     # -- component protocol -----------------------------------------------------------------
@@ -57,16 +56,10 @@ class Prober:
         return None
 
     async def start(self) -> None:
-        self._loop = asyncio.create_task(self._run(), name="narwhal-probes")
+        self._tasks.spawn(self._run(), "narwhal-probes")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._loop, *self._tasks) if t is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._loop = None
+        await self._tasks.stop()
 
     # -- breaker decisions ------------------------------------------------------------------
     def handle(self, decision: Decision) -> None:
@@ -91,9 +84,7 @@ class Prober:
             finally:
                 self.breaker.probing.discard(iid)
 
-        task = asyncio.create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(run(), f"narwhal-probe-{iid}")
 
     async def _health_probe(self, iid: str) -> None:
         ok = await self.control.health(iid)
