@@ -2,7 +2,10 @@
 
 ``assemble`` builds the component graph once: every component receives the collaborators it uses
 as typed constructor arguments (or small ``Protocol``s: ``ha.transfer.LifecycleView``,
-``ha.service.MonitorView``); nothing is looked up at run time. The result, ``Router``, names every
+``ha.service.MonitorView``); nothing is looked up at run time. The control mode
+(``router/control_mode.py``: active-passive, or active-active from ``router/replicas/wiring.py``)
+is chosen here and given to the core (readiness, placement, recovery), the lifecycle (the drain's
+acknowledgement, via the core) and HA (a takeover's adoption). The result, ``Router``, names every
 component; the application carries it under ``ROUTER_KEY`` (tests and in-process tools read it
 there).
 
@@ -124,13 +127,24 @@ def build(settings: Settings, clock: Clock | None = None) -> Router:
     config = settings.fleet
     core = RouterCore(config=config, journal=Journal(settings.journal), clock=clock or SystemClock())
     parts = build_parts(core, settings)
-    life = lifecycle_components(core, parts.breaker, parts.prober, parts.metrics, parts.control)
-    ha = HAService(core, settings.ha, lifecycle=life.service, breaker=parts.breaker, monitor=life.monitor)
+    aa = settings.replica  # active-active settings, None in active-passive mode
+    # active-active: the replica set's picture first, the lifecycle reads it (resident work, stop gate)
+    picture = replica_wiring.replica_set(core, aa) if aa is not None else None
+    life = lifecycle_components(
+        core, parts.breaker, parts.prober, parts.metrics, parts.control, replicas=picture
+    )
+    replicas: list[Component] = []
+    if aa is not None and picture is not None:
+        mode = replica_wiring.active_active(
+            core, life.service, aa, settings.etcd_endpoints, picture, settings.ha.etcd_security()
+        )
+        core.mode = mode  # the one late binding: set before anything starts, never changed
+        replicas.append(mode.service)
+    ha = HAService(
+        core, settings.ha, lifecycle=life.service, breaker=parts.breaker, monitor=life.monitor, mode=core.mode
+    )
     life.service.persist_hooks.append(ha.persist)  # the state file follows every lifecycle change
     parts.metrics.extra_metric_sources.append(ha.metric_lines)
-    replicas = replica_wiring.replica_components(
-        core, life.service, settings.replica, settings.etcd_endpoints, parts.prober, ha
-    )
     state = StateApi(core, parts.breaker, life.service, life.monitor.health)
     router = Router(
         core,

@@ -28,7 +28,7 @@ from router import listeners, observability
 from router.assemble import ROUTER_KEY, build
 from router.config import ConfigError, FleetConfig, load_fleet
 from router.config_keys import startup_report, unused_settings
-from router.connections import ConnectionGuard, GuardedSite, nofile_limit
+from router.connections import ConnectionGuard, Listeners, nofile_limit
 from router.ha import settings as ha_settings
 from router.logs import setup_logging
 from router.options import RouterOptions
@@ -150,7 +150,7 @@ def client_protocol(
         runner.server,
         idle_timeout=config.serving.idle_timeout_s,
         max_body=config.serving.max_request_bytes,
-        adopt=guard.adopt,
+        guard=guard,
     )
 
 
@@ -167,6 +167,8 @@ async def serve(settings: Settings) -> None:
     graceful = settings.graceful_timeout_s
     guard = ConnectionGuard(config.serving)  # bound, header/idle timeouts, fd reserve
     app[ROUTER_KEY].parts.metrics.extra_metric_sources.append(guard.metric_lines)
+    listening = Listeners(guard, graceful)  # our sockets; their stop runs in runner.cleanup()
+    listening.install(app)
     runner = web.AppRunner(
         app, shutdown_timeout=graceful, handler_cancellation=True, access_log=None, **guard.runner_kwargs()
     )
@@ -179,10 +181,8 @@ async def serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         front = client_protocol(app, runner, guard, config)
-        site = GuardedSite(
-            runner, options.host, options.port, guard, protocol=front, backlog=2048, reuse_address=True
-        )
-        await site.start()
+        assert runner.server is not None
+        await listening.open(runner.server, options.host, options.port, front=front, backlog=2048)
         log.info(
             "client connections bounded at %d (RLIMIT_NOFILE %d, serving.fd_reserve %d); "
             "header timeout %.1fs, idle timeout %.1fs",
@@ -200,7 +200,7 @@ async def serve(settings: Settings) -> None:
             len(config.engines),
             core.journal.run_id,
         )
-        control = await listeners.start_control_site(runner, config, options, guard)
+        control = await listeners.start_control_site(runner, config, options, listening)
         if control is not None:
             log.info("control listener on %s (/narwhal/*, /health, /ready, /metrics)", control.url)
         await stop.wait()

@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 
 from router.config import ConfigError, FleetConfig
-from router.connections import CONTROL_EXTRA, ConnectionGuard, GuardedSite
+from router.connections import CONTROL_EXTRA, Listeners
 from router.options import RouterOptions
 
 CONTROL_PREFIX = "/narwhal/"
@@ -127,20 +127,19 @@ def install_listener_split(app: web.Application, config: FleetConfig, options: R
 
 
 async def start_control_site(
-    runner: web.BaseRunner, config: FleetConfig, options: RouterOptions, guard: ConnectionGuard | None = None
+    runner: web.BaseRunner, config: FleetConfig, options: RouterOptions, listening: Listeners | None = None
 ) -> ControlListener | None:
     """Bind the control listener on ``runner`` (after the client site); None when not configured.
 
-    With a ``guard`` the listener may hold ``CONTROL_EXTRA`` connections beyond the client bound, so
-    operators and the standby get in while the client listener is full."""
+    Through ``listening`` (the connection guard's listeners) it may hold ``CONTROL_EXTRA``
+    connections beyond the client bound, so operators and the standby get in while the client
+    listener is full; without it, it is a plain ``web.TCPSite``."""
     listener = control_listener(config, options)
     if listener is None:
         return None
-    site: web.TCPSite
-    if guard is not None:
-        site = GuardedSite(runner, listener.host, listener.port, guard, CONTROL_EXTRA, backlog=128,
-                           reuse_address=True)  # fmt: skip
+    if listening is not None:
+        assert runner.server is not None
+        await listening.open(runner.server, listener.host, listener.port, extra=CONTROL_EXTRA)
     else:
-        site = web.TCPSite(runner, listener.host, listener.port, backlog=128, reuse_address=True)
-    await site.start()
+        await web.TCPSite(runner, listener.host, listener.port, backlog=128, reuse_address=True).start()
     return listener

@@ -11,3 +11,8 @@ bash scripts/bootstrap.sh
 # session services (Temporal dev server, etcd cluster, narwhal-worker) and picks ports from its own
 # slice of the loopback range (fleet/up/ports.py, free_port). Later arguments win (e.g. `-n 0`).
 .venv/bin/python -m pytest -q -p no:cacheprovider -n "${NARWHAL_TEST_WORKERS:-2}" --dist loadfile "$@"
+# aiohttp is pinned to a range: the listener / connection / front tests again against its lowest
+# version (~1 min; after a full run only, not when tests are named)
+if [ $# -eq 0 ]; then
+  bash scripts/test_aiohttp_range.sh
+fi

@@ -10,7 +10,7 @@ classified for the breaker (spec §9.1).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
 import ssl
 from collections.abc import Callable
@@ -33,6 +33,7 @@ from router.engines.wire import (
     WireError,
 )
 from router.serving.params import PREFILL_DROP  # client fields the prefill leg never gets (§11.3)
+from router.tasks import Tasks
 
 _JSON = "application/json"
 _CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
@@ -287,7 +288,7 @@ class EngineClient:
         self.pool = EnginePool(connect_timeout=eng.health_timeout_s, max_open=self.max_connections)
         self._targets: dict[tuple[str, str], _Target] = {}
         self._watched: set[Response] = set()  # legs in flight (the watchdog's list)
-        self._watchdog: asyncio.Task[None] | None = None
+        self._tasks = Tasks(logging.getLogger("narwhal.engines"))  # the stream watchdog
         self._ssl: ssl.SSLContext | None = None
         self.traced = False  # OpenTelemetry CLIENT span + traceparent per leg (set at start)
 
@@ -296,16 +297,12 @@ class EngineClient:
         return None
 
     async def start(self) -> None:
-        if self._watchdog is None:
-            self._watchdog = asyncio.create_task(self._watch_streams())
+        if not self._tasks.running:
+            self._tasks.spawn(self._watch_streams(), "narwhal-leg-watchdog")
             self.traced = telemetry.tracing_installed()
 
     async def stop(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watchdog
-            self._watchdog = None
+        await self._tasks.stop()
         self.pool.close()
 
     def _headers(self, xrid: str) -> dict[str, str]:
