@@ -3,7 +3,7 @@
 Starts the engines, ``narwhal-serve`` (defaults: journal, monitoring, lifecycle contract), optionally
 another checkout's ``narwhal-serve`` (``--baseline-serve``) and ``vllm-router``; waits ``--settle``
 seconds, then reads each router's utime + stime over ``--duration`` seconds. ``--profile`` records
-py-spy (non-idle samples) on ``narwhal-serve`` during the window and prints the top functions.
+py-spy (``--gil``) on ``narwhal-serve`` during the window and prints the top functions.
 
     .venv/bin/python bench/idle_cpu.py --duration 20
 """
