@@ -16,6 +16,7 @@ COPY pyproject.toml setup.py README.md ./
 COPY router ./router
 COPY workflows ./workflows
 COPY activities ./activities
+COPY narwhal_models ./narwhal_models
 COPY fleet ./fleet
 
 RUN groupadd --system --gid 10001 narwhal \

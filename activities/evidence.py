@@ -18,8 +18,8 @@ from temporalio import activity
 
 from activities import errors
 from activities.router import LifecycleClient
-from workflows.analysis import Buckets, EngineCounters, EvidenceSnapshot, LegCounters, RouterEvidence
-from workflows.models import RouterRef
+from narwhal_models.evidence import Buckets, EngineCounters, EvidenceSnapshot, LegCounters, RouterEvidence
+from narwhal_models.restart import RouterRef
 
 
 class _Hist(BaseModel):

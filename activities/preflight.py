@@ -5,7 +5,7 @@ and who holds a fleet lock, when a run finds it taken.
 token (``RouterRef.token_env`` read from the worker's environment); one of them holds the fleet;
 every engine to restart answers at its address (``/metrics`` with ``process_start_time_seconds``:
 what the restart later watches). Any failure is one non-retryable ``PreflightFailed`` line naming
-what and why. It also returns the fleet's canonical identity (``workflows.models.fleet_identity``
+what and why. It also returns the fleet's canonical identity (``narwhal_models.restart.fleet_identity``
 over the engine addresses the router lists in ``GET /narwhal/targets``) for the fleet lock.
 
 ``fleet_lock_owner``: reads, with the worker's Temporal client, which run holds a lock (the lock's
@@ -23,9 +23,9 @@ from temporalio.service import RPCError
 
 from activities import errors
 from activities.documents import DocumentError, lifecycle_document, target_urls
+from activities.engine_process import read_process_start
 from activities.router import LifecycleClient, check_supervisor, view_of
-from router.engines.identity import process_start_or_none
-from workflows.models import (
+from narwhal_models.restart import (
     FleetView,
     LockOwner,
     LockOwnerRequest,
@@ -117,15 +117,7 @@ class PreflightActivities:
 
     async def _engine_answers(self, url: str) -> str:
         """ "" when the engine reports its process start at ``url``; else why not."""
-        try:
-            r = await self.client.http.get(f"{url}/metrics", timeout=5.0)
-        except httpx.HTTPError as exc:
-            return f"does not answer from the worker ({type(exc).__name__})"
-        if r.status_code != 200:
-            return f"answered HTTP {r.status_code} on /metrics"
-        if process_start_or_none(r.text) is None:
-            return "reports no process_start_time_seconds on /metrics"
-        return ""
+        return (await read_process_start(self.client.http, url)).problem
 
 
 @activity.defn(name="fleet_lock_owner")

@@ -34,8 +34,15 @@ from activities.documents import (
     state_floors,
 )
 from activities.heartbeat import heartbeating
-from router.ids import UnsafeValue, check_engine_id
-from workflows.models import (
+from activities.worker_config import (
+    Refused,
+    Router,
+    WorkerConfigError,
+    WorkerSettings,
+    resolve_router,
+    resolve_template,
+)
+from narwhal_models.restart import (
     ConfirmRequest,
     DrainOutcome,
     DrainRequest,
@@ -48,14 +55,7 @@ from workflows.models import (
     StopWaitRequest,
     SupervisorRef,
 )
-from workflows.worker_config import (
-    Refused,
-    Router,
-    WorkerConfigError,
-    WorkerSettings,
-    resolve_router,
-    resolve_template,
-)
+from router.ids import UnsafeValue, check_engine_id
 
 NOT_CONTROLLING = "this router does not control the fleet"
 FENCED = "router control was fenced"

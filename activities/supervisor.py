@@ -6,7 +6,7 @@ Backends, chosen per workflow by ``SupervisorRef.backend``:
   process start the router recorded at drain, so a retried activity never restarts twice (the
   supervisor refuses when the engine already runs another process).
 - ``command``: a command template *of the worker's configuration*, named by the workflow
-  (``SupervisorRef.template``, default ``restart``; workflows/worker_config.py). Split into argv
+  (``SupervisorRef.template``, default ``restart``; activities/worker_config.py). Split into argv
   once, placeholders substituted inside one argument in a single pass, run with
   ``create_subprocess_exec`` — no shell unless the template says ``shell: true``, and then every
   value is shell-quoted (activities/commands.py). The environment holds ``PATH``, the template's
@@ -38,10 +38,16 @@ from temporalio.service import RPCError
 
 from activities import errors
 from activities.commands import Values, render_exec, render_shell
+from activities.engine_process import read_process_start
 from activities.heartbeat import heartbeating
-from router.engines.identity import newer_process, process_start_or_none, same_process
-from router.ids import UnsafeValue, check_engine_id, check_engine_url
-from workflows.models import (
+from activities.worker_config import (
+    CommandTemplate,
+    Refused,
+    WorkerConfigError,
+    WorkerSettings,
+    resolve_template,
+)
+from narwhal_models.restart import (
     EngineTarget,
     LaunchReport,
     NewProcess,
@@ -52,13 +58,8 @@ from workflows.models import (
     SupervisorRef,
     iso,
 )
-from workflows.worker_config import (
-    CommandTemplate,
-    Refused,
-    WorkerConfigError,
-    WorkerSettings,
-    resolve_template,
-)
+from router.engines.identity import newer_process, process_start_or_none, same_process
+from router.ids import UnsafeValue, check_engine_id, check_engine_url
 
 SHELL = "/bin/sh"
 
@@ -121,11 +122,7 @@ class SupervisorActivities:
         """The engine's ``process_start_time_seconds``; None while it does not answer."""
         if not url:
             return None
-        try:
-            r = await self.http.get(f"{url}/metrics", timeout=5.0)
-        except httpx.HTTPError:
-            return None
-        return parse_process_start(r.text) if r.status_code == 200 else None
+        return (await read_process_start(self.http, url)).start
 
     @activity.defn(name="probe_process")
     async def probe_process(self, target: EngineTarget) -> ProcessProbe:

@@ -1,7 +1,7 @@
 """Shared benchmark parts: a closed-loop streaming load generator (latency and TTFT percentiles),
 CPU pinning and per-process CPU accounting, and report formatting (markdown tables, median ± spread).
 
-Everything targets 127.0.0.1 only; every process is started through ``fleet.testing.procs`` and
+Everything targets 127.0.0.1 only; every process is started through ``narwhal_testing.procs`` and
 stopped by its PID.
 """
 
@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 # the streamed-completion client lives in the package (the chaos drill uses it too); re-exported here
-from fleet.testing.streams import (  # noqa: E402, F401
+from fleet.chaos.streams import (  # noqa: E402, F401
     JSON_HEADERS,
     MODEL,
     RequestFailed,

@@ -33,13 +33,13 @@ from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fleet.testing import loopback
-from fleet.testing.lifecycle import client_load, start_stack, wait_for
-from fleet.testing.procs import proc_group
-from fleet.testing.temporal import SEARCH_ATTRIBUTE_KEYS, dev_server_path
 from fleet.up.stack import bad_builds
-from workflows.analysis import AnalysisPolicy
-from workflows.models import RestartPlan, RestartResult, RouterRef, SupervisorRef, Timing
+from narwhal_models.evidence import AnalysisPolicy
+from narwhal_models.restart import RestartPlan, RestartResult, RouterRef, SupervisorRef, Timing
+from narwhal_testing import loopback
+from narwhal_testing.lifecycle import client_load, start_stack, wait_for
+from narwhal_testing.procs import proc_group
+from narwhal_testing.temporal import SEARCH_ATTRIBUTE_KEYS, dev_server_path
 from workflows.worker import build_worker
 
 TTFT_MS = 30.0

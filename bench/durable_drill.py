@@ -1,7 +1,7 @@
 """Drill: acknowledged drains on a full or read-only state directory, then SIGKILL of the router.
 
 Each repetition mounts a fresh 64 KiB tmpfs (root needed), runs one drill per topology and fault
-(``fleet/testing/durability.py``) and counts drains answered 200 (acknowledged), answered 503
+(``narwhal_testing/durability.py``) and counts drains answered 200 (acknowledged), answered 503
 (refused: not written) and acknowledged-but-lost on the successor (``--resume`` for a single
 router, the warm standby for an HA pair). The promise: lost is always 0.
 
@@ -22,10 +22,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._common import markdown_table  # noqa: E402
-from fleet.testing import durability  # noqa: E402
-from fleet.testing.fleet import start_sims  # noqa: E402
-from fleet.testing.procs import proc_group  # noqa: E402
-from fleet.testing.smallfs import small_tmpfs  # noqa: E402
+from narwhal_testing import durability  # noqa: E402
+from narwhal_testing.fleet import start_sims  # noqa: E402
+from narwhal_testing.procs import proc_group  # noqa: E402
+from narwhal_testing.smallfs import small_tmpfs  # noqa: E402
 
 DRILLS = {"single": durability.single_router, "ha": durability.ha_pair}
 

@@ -24,12 +24,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._common import Spread, markdown_table  # noqa: E402
-from fleet.testing.etcd import EtcdCluster  # noqa: E402
-from fleet.testing.etcd_ha import etcd_pair, etcd_standby  # noqa: E402
-from fleet.testing.fleet import restart_sim, start_sims  # noqa: E402
-from fleet.testing.ha import controls, drain, engine_state, epoch_of, held  # noqa: E402
-from fleet.testing.procs import proc_group  # noqa: E402
-from fleet.testing.waits import wait_for  # noqa: E402
+from narwhal_testing.etcd import EtcdCluster  # noqa: E402
+from narwhal_testing.etcd_ha import etcd_pair, etcd_standby  # noqa: E402
+from narwhal_testing.fleet import restart_sim, start_sims  # noqa: E402
+from narwhal_testing.ha import controls, drain, engine_state, epoch_of, held  # noqa: E402
+from narwhal_testing.procs import proc_group  # noqa: E402
+from narwhal_testing.waits import wait_for  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._common import markdown_table  # noqa: E402
-from fleet.testing.etcd import EtcdCluster  # noqa: E402
+from narwhal_testing.etcd import EtcdCluster  # noqa: E402
 from router.ha.etcd_client import EtcdClient  # noqa: E402
 from router.ha.etcd_lease import EtcdLease, EtcdLeaseSettings  # noqa: E402
 from router.ha.handoff import Handoff, validate  # noqa: E402

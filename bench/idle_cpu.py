@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import Pinning, proc_cpu_s
 from bench.pd_routers import BASELINE, collapse_top, start_engines, start_narwhal, start_vllm_router
-from fleet.testing.procs import BIN, proc_group
+from narwhal_testing.procs import BIN, proc_group
 
 
 def main() -> int:

@@ -53,8 +53,8 @@ from bench._common import (
     run_async,
 )
 from fleet.fleetgen import fleet_document, sim_command
-from fleet.testing.fleet import vllm_router_command
-from fleet.testing.procs import BIN, Proc, ProcGroup, free_port, proc_group, script, wait_http
+from narwhal_testing.fleet import vllm_router_command
+from narwhal_testing.procs import BIN, Proc, ProcGroup, free_port, proc_group, script, wait_http
 
 PROMPTS = {"short": SHORT_PROMPT, "2k": PROMPT_2K, "8k": PROMPT_8K, "long": LONG_PROMPT}
 
@@ -405,7 +405,7 @@ def main() -> int:
     ap.add_argument(
         "--prompts",
         type=lambda s: s.split(","),
-        default=["short", "8k", "long", "short-256"],
+        default=["short", "2k", "8k", "long", "short-256"],
         help="workloads: short / 2k / 8k (2,000 / 8,000 characters) / long (16,561) prompt with --max-tokens output, or <prompt>-<N> for N tokens",
     )
     ap.add_argument(

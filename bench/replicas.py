@@ -42,10 +42,10 @@ from bench._common import (  # noqa: E402
     run_async,
     stream_completion,
 )
-from fleet.testing.etcd import EtcdCluster  # noqa: E402
-from fleet.testing.fleet import restart_sim, start_sims, write_fleet  # noqa: E402
-from fleet.testing.procs import ProcGroup, proc_group  # noqa: E402
-from fleet.testing.router import RouterHandle, start_router  # noqa: E402
+from narwhal_testing.etcd import EtcdCluster  # noqa: E402
+from narwhal_testing.fleet import restart_sim, start_sims, write_fleet  # noqa: E402
+from narwhal_testing.procs import ProcGroup, proc_group  # noqa: E402
+from narwhal_testing.router import RouterHandle, start_router  # noqa: E402
 from router.ha.etcd_client import EtcdClient, EtcdError, prefix_end  # noqa: E402
 
 FAST = {"controller": {"monitor_interval_s": 0.2}}

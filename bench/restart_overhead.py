@@ -30,12 +30,12 @@ from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fleet.testing.lifecycle import start_stack
-from fleet.testing.procs import proc_group
-from fleet.testing.temporal import SEARCH_ATTRIBUTE_KEYS, dev_server_path
-from workflows.models import RestartPlan, RestartResult, RouterRef, SupervisorRef, Timing
+from activities.worker_config import RouterEntry, WorkerConfig, WorkerSettings
+from narwhal_models.restart import RestartPlan, RestartResult, RouterRef, SupervisorRef, Timing
+from narwhal_testing.lifecycle import start_stack
+from narwhal_testing.procs import proc_group
+from narwhal_testing.temporal import SEARCH_ATTRIBUTE_KEYS, dev_server_path
 from workflows.worker import build_worker
-from workflows.worker_config import RouterEntry, WorkerConfig, WorkerSettings
 
 
 class TimedTransport(httpx.AsyncBaseTransport):

@@ -42,8 +42,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fleet.fleetgen import sim_command
-from fleet.testing.fleet import vllm_router_command
-from fleet.testing.procs import free_port, proc_group, script, wait_http
+from narwhal_testing.fleet import vllm_router_command
+from narwhal_testing.procs import free_port, proc_group, script, wait_http
 
 MODEL = "sim-model"
 TARGETS = ("direct", "direct-pd", "router", "vllm-router")

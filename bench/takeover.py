@@ -34,10 +34,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._common import Spread, markdown_table  # noqa: E402
-from fleet.testing.etcd import EtcdCluster  # noqa: E402
-from fleet.testing.fleet import start_sims, write_fleet  # noqa: E402
-from fleet.testing.procs import ProcGroup, proc_group  # noqa: E402
-from fleet.testing.router import start_router  # noqa: E402
+from narwhal_testing.etcd import EtcdCluster  # noqa: E402
+from narwhal_testing.fleet import start_sims, write_fleet  # noqa: E402
+from narwhal_testing.procs import ProcGroup, proc_group  # noqa: E402
+from narwhal_testing.router import start_router  # noqa: E402
 
 FAST = {"controller": {"monitor_interval_s": 0.2}}
 

@@ -31,7 +31,7 @@ def build_app(core: RouterCore, components: Sequence[Component], client_max_size
         component.add_routes(app)
 
     async def _startup(_: web.Application) -> None:
-        core.journal.open()
+        await core.journal.start()  # provenance hashing and git describe off the loop
         for component in components:
             await component.start()
 

@@ -2,21 +2,27 @@
 
 ``assemble`` builds the component graph once: every component receives the collaborators it uses
 as typed constructor arguments (or small ``Protocol``s: ``ha.transfer.LifecycleView``,
-``ha.service.MonitorView``); nothing is looked up at run time. The result, ``Router``, names every
+``ha.service.MonitorView``); nothing is looked up at run time. The control mode
+(``router/control_mode.py``: active-passive, or active-active from ``router/replicas/wiring.py``)
+is chosen here and given to the core (readiness, placement, recovery), the lifecycle (the drain's
+acknowledgement, via the core) and HA (a takeover's adoption). The result, ``Router``, names every
 component; the application carries it under ``ROUTER_KEY`` (tests and in-process tools read it
 there).
 
 To add a component: build it in ``assemble`` from the parts it uses, give it a field on ``Router``
 and a place in ``Router.components`` (start order; stop is reversed).
-To add an option: add a field (with its default) to ``RouterOptions`` and a flag of the same name in
-``router/cli.py``; ``cli.options_from_args`` copies flags to fields by name.
+Settings: ``router/settings.py`` resolves the flags (``RouterOptions``) over the fleet file once into
+a frozen ``Settings``; ``build`` takes it (``router/cli.py`` resolves it before anything starts) and
+hands each component the typed part it uses. ``assemble(config, options)`` resolves and builds, for
+in-process callers (tests, tools).
+To add an option: add a field (with its default) to ``RouterOptions`` (``router/options.py``) and a
+flag of the same name in ``router/cli.py`` (``cli.options_from_args`` copies flags to fields by
+name); if components need a merged value, add it to ``Settings`` and resolve it in ``resolve``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from aiohttp import web
 
@@ -26,8 +32,8 @@ from router.clock import Clock, SystemClock
 from router.config import FleetConfig
 from router.context_limits import ContextLimits
 from router.core import RouterCore
+from router.engines.control import EngineControl
 from router.engines.legs import EngineClient
-from router.ha import settings as ha_settings
 from router.ha.service import HAService
 from router.journal import Journal
 from router.lifecycle.monitor import LifecycleMonitor
@@ -36,60 +42,14 @@ from router.lifecycle.wiring import install_control_auth, lifecycle_components
 from router.listeners import install_listener_split
 from router.metrics import MetricsRenderer, ServingStats
 from router.ops import Ops
+from router.options import RouterOptions
 from router.probes import Prober
 from router.replicas import wiring as replica_wiring
 from router.serving.handler import Serving
+from router.settings import Settings, resolve
 from router.state import StateApi
 
-
-@dataclass
-class RouterOptions:
-    """Process options (CLI flags). Every field has a default so tests can build routers in-process."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    journal: str | None = None
-    max_concurrent: int | None = None  # in-flight seats (default serving.max_connections)
-    graceful_timeout: float | None = None  # default serving.graceful_timeout_s
-    log_level: str = "info"
-    probe_interval: float | None = None  # recovery probe cadence (default monitor_interval × readmit_every)
-    # --- lifecycle / HA options: add fields here (same name as the CLI flag) ----------------------
-    # HA (router/ha/settings.py; None = fleet file ``ha`` / ``recovery`` value)
-    resume: bool | None = None
-    lease_path: str | None = None
-    etcd_endpoints: str | None = None
-    etcd_prefix: str | None = None
-    etcd_cacert: str | None = None
-    etcd_cert: str | None = None
-    etcd_key: str | None = None
-    etcd_user: str | None = None
-    etcd_password_env: str | None = None
-    router_id: str | None = None
-    lease_ttl: float | None = None
-    lease_renew_interval: float | None = None
-    lease_safety_margin: float | None = None
-    standby_of: str | None = None
-    standby_probe_interval: float | None = None
-    standby_takeover_after: int | None = None
-    standby_max_handoff_age: float | None = None
-    # active-active (router/replicas/settings.py; None = fleet file ``ha`` value)
-    ha_mode: str | None = None
-    replica_ttl: float | None = None
-    replica_safety_margin: float | None = None
-    advertise_url: str | None = None
-    # control listener (router/listeners.py; None = fleet file ``control.host`` / ``control.port``)
-    control_host: str | None = None
-    control_port: int | None = None
-
-    def validate(self) -> None:
-        """Raise ValueError (CLI: exit 2) for values that cannot work; runs before anything starts."""
-        if self.max_concurrent is not None and self.max_concurrent < 1:
-            raise ValueError("--max-concurrent must be >= 1")
-        for name in ("graceful_timeout", "probe_interval"):
-            v = getattr(self, name)
-            if v is not None and (not math.isfinite(v) or v < 0):
-                raise ValueError(f"--{name.replace('_', '-')} must be finite and >= 0")
-        ha_settings.check_options(self)  # HA: nan/inf lease and standby timings
+__all__ = ["ROUTER_KEY", "Router", "RouterOptions", "RouterParts", "assemble", "build", "build_router"]
 
 
 @dataclass
@@ -97,6 +57,7 @@ class RouterParts:
     """The built-in components, for components that need to talk to them."""
 
     engines: EngineClient
+    control: EngineControl
     breaker: Breaker
     prober: Prober
     stats: ServingStats
@@ -105,16 +66,12 @@ class RouterParts:
     ops: Ops
 
 
-def journal_path(config: FleetConfig, options: RouterOptions) -> Path:
-    if options.journal:
-        return Path(options.journal)
-    profiles = (config.profiles or {}).get("path", "runs/profiles.json")
-    return Path(str(profiles)).parent / "journal.jsonl"
-
-
-def build_parts(core: RouterCore, options: RouterOptions) -> RouterParts:
+def build_parts(core: RouterCore, settings: Settings | RouterOptions) -> RouterParts:
+    if isinstance(settings, RouterOptions):  # in-process callers that build only the parts
+        settings = resolve(core.config, settings)
     cfg = core.config
-    engines = EngineClient(cfg, max_connections=options.max_concurrent)
+    engines = EngineClient(cfg)
+    control = EngineControl(cfg)  # the one engine-control client (prober, lifecycle, context limits)
     breaker = Breaker(
         core.scheduler,
         core.clock,
@@ -122,12 +79,12 @@ def build_parts(core: RouterCore, options: RouterOptions) -> RouterParts:
         emit=core.journal.append,
         quarantine_s=cfg.recovery.failure_quarantine_s,
     )
-    prober = Prober(core, breaker, engines, interval_s=options.probe_interval)
+    prober = Prober(core, breaker, engines, control, interval_s=settings.probe_interval_s)
     stats = ServingStats()
     metrics = MetricsRenderer(core, stats, breaker)
-    serving = Serving(core, engines, breaker, stats, prober, max_concurrent=options.max_concurrent)
+    serving = Serving(core, engines, breaker, stats, prober, max_concurrent=settings.seats)
     ops = Ops(core, metrics)
-    return RouterParts(engines, breaker, prober, stats, metrics, serving, ops)
+    return RouterParts(engines, control, breaker, prober, stats, metrics, serving, ops)
 
 
 @dataclass
@@ -135,7 +92,7 @@ class Router:
     """The component graph of one router process (built by ``assemble``)."""
 
     core: RouterCore
-    options: RouterOptions
+    settings: Settings
     parts: RouterParts
     lifecycle: LifecycleService
     monitor: LifecycleMonitor
@@ -149,6 +106,7 @@ class Router:
         p = self.parts
         return [
             p.engines,  # shared engine sessions: first to start, last to stop
+            p.control,  # the engine-control client the prober, lifecycle and context limits share
             p.serving,
             p.ops,
             p.prober,
@@ -164,33 +122,51 @@ class Router:
 ROUTER_KEY: web.AppKey[Router] = web.AppKey("narwhal_router", Router)
 
 
-def assemble(config: FleetConfig, options: RouterOptions | None = None, clock: Clock | None = None) -> Router:
-    options = options or RouterOptions()
-    core = RouterCore(
-        config=config, journal=Journal(journal_path(config, options)), clock=clock or SystemClock()
+def build(settings: Settings, clock: Clock | None = None) -> Router:
+    """The component graph for resolved ``settings`` (``router/settings.py``)."""
+    config = settings.fleet
+    core = RouterCore(config=config, journal=Journal(settings.journal), clock=clock or SystemClock())
+    parts = build_parts(core, settings)
+    aa = settings.replica  # active-active settings, None in active-passive mode
+    # active-active: the replica set's picture first, the lifecycle reads it (resident work, stop gate)
+    picture = replica_wiring.replica_set(core, aa) if aa is not None else None
+    life = lifecycle_components(
+        core, parts.breaker, parts.prober, parts.metrics, parts.control, replicas=picture
     )
-    parts = build_parts(core, options)
-    life = lifecycle_components(core, parts.breaker, parts.prober, parts.metrics)
+    replicas: list[Component] = []
+    if aa is not None and picture is not None:
+        mode = replica_wiring.active_active(
+            core, life.service, aa, settings.etcd_endpoints, picture, settings.ha.etcd_security()
+        )
+        core.mode = mode  # the one late binding: set before anything starts, never changed
+        replicas.append(mode.service)
     ha = HAService(
-        core,
-        ha_settings.from_options(config, options, port=options.port),
-        lifecycle=life.service,
-        breaker=parts.breaker,
-        monitor=life.monitor,
+        core, settings.ha, lifecycle=life.service, breaker=parts.breaker, monitor=life.monitor, mode=core.mode
     )
     life.service.persist_hooks.append(ha.persist)  # the state file follows every lifecycle change
     parts.metrics.extra_metric_sources.append(ha.metric_lines)
-    settings, endpoints = replica_wiring.settings_for(config, options, ha.settings)
-    replicas = replica_wiring.replica_components(core, life.service, settings, endpoints, parts.prober, ha)
     state = StateApi(core, parts.breaker, life.service, life.monitor.health)
     router = Router(
-        core, options, parts, life.service, life.monitor, ha, ContextLimits(core), replicas, state=state
+        core,
+        settings,
+        parts,
+        life.service,
+        life.monitor,
+        ha,
+        ContextLimits(core, parts.control),
+        replicas,
+        state=state,
     )
     router.app = build_app(core, router.components(), client_max_size=config.serving.max_request_bytes)
     router.app[ROUTER_KEY] = router
     install_control_auth(router.app, config)  # lifecycle: /narwhal/* bearer token (control.token_env)
-    install_listener_split(router.app, config, options)  # /narwhal/* only on the control listener
+    install_listener_split(router.app, config, settings.options)  # /narwhal/* only on the control listener
     return router
+
+
+def assemble(config: FleetConfig, options: RouterOptions | None = None, clock: Clock | None = None) -> Router:
+    """Resolve ``options`` over ``config`` (``ValueError``/``ConfigError``) and build the graph."""
+    return build(resolve(config, options), clock)
 
 
 def build_router(

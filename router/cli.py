@@ -3,8 +3,12 @@
 Exit codes: 0 after a graceful stop, 2 for an unusable fleet file or flag (one line on stderr
 naming the problem), 1 when startup fails otherwise.
 
+Settings are resolved once, here, before anything starts: the flags (``RouterOptions``) over the
+fleet file, into one frozen ``router.settings.Settings`` that ``serve`` and ``router/assemble.py``
+build everything from.
+
 To add a flag: add it in the matching ``_add_*`` group (``dest`` = the ``RouterOptions`` field
-name) and the field in ``router/assemble.py``; nothing else is needed.
+name) and the field in ``router/options.py``; nothing else is needed.
 """
 
 from __future__ import annotations
@@ -21,16 +25,17 @@ from dataclasses import fields
 from aiohttp import web
 
 from router import listeners, observability
-from router.assemble import ROUTER_KEY, RouterOptions, build_router
+from router.assemble import ROUTER_KEY, build
 from router.config import ConfigError, FleetConfig, load_fleet
 from router.config_keys import startup_report, unused_settings
-from router.connections import ConnectionGuard, GuardedSite, nofile_limit
+from router.connections import ConnectionGuard, Listeners, nofile_limit
 from router.ha import settings as ha_settings
 from router.logs import setup_logging
+from router.options import RouterOptions
 from router.replicas import settings as replica_settings
-from router.replicas import wiring as replica_wiring
 from router.serving import fastrelay
 from router.serving.front import FrontServer, install_malformed_head_log
+from router.settings import Settings, resolve
 
 log = logging.getLogger("narwhal.serve")
 
@@ -90,10 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     try:
         options = options_from_args(ns)
-        options.validate()
+        options.validate()  # flag values, before the fleet file is read
         config = load_fleet(ns.fleet)
-        runtime = ha_settings.from_options(config, options, port=options.port)  # HA: merged settings usable?
-        replica_wiring.settings_for(config, options, runtime)  # active-active needs the etcd backend
+        settings = resolve(config, options)  # once: flags over the fleet file, checked as a whole
     except (ConfigError, ValueError) as exc:
         print(f"narwhal-serve: error: {exc}", file=sys.stderr)
         return 2
@@ -108,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import uvloop
 
-        uvloop.run(serve(config, options))
+        uvloop.run(serve(settings))
     except ConfigError as exc:  # found while building the router (e.g. control token unset)
         print(f"narwhal-serve: error: {exc}", file=sys.stderr)
         return 2
@@ -146,25 +150,25 @@ def client_protocol(
         runner.server,
         idle_timeout=config.serving.idle_timeout_s,
         max_body=config.serving.max_request_bytes,
-        adopt=guard.adopt,
+        guard=guard,
     )
 
 
-async def serve(config: FleetConfig, options: RouterOptions) -> None:
-    app, core = build_router(config, options)
+async def serve(settings: Settings) -> None:
+    config, options = settings.fleet, settings.options
+    router = build(settings)
+    app, core = router.app, router.core
     if warning := listeners.open_control_warning(config, options):
         log.warning("%s", warning)
     if fastrelay.NATIVE_PROBLEM:  # same bytes, more router CPU per relayed token
         log.warning("%s", fastrelay.NATIVE_PROBLEM)
     observability.install(app, core)  # OpenTelemetry only when OTEL_EXPORTER_OTLP_ENDPOINT is set
     install_malformed_head_log()  # a malformed head: one INFO line, not aiohttp's traceback
-    graceful = (
-        options.graceful_timeout
-        if options.graceful_timeout is not None
-        else config.serving.graceful_timeout_s
-    )
+    graceful = settings.graceful_timeout_s
     guard = ConnectionGuard(config.serving)  # bound, header/idle timeouts, fd reserve
     app[ROUTER_KEY].parts.metrics.extra_metric_sources.append(guard.metric_lines)
+    listening = Listeners(guard, graceful)  # our sockets; their stop runs in runner.cleanup()
+    listening.install(app)
     runner = web.AppRunner(
         app, shutdown_timeout=graceful, handler_cancellation=True, access_log=None, **guard.runner_kwargs()
     )
@@ -177,10 +181,8 @@ async def serve(config: FleetConfig, options: RouterOptions) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         front = client_protocol(app, runner, guard, config)
-        site = GuardedSite(
-            runner, options.host, options.port, guard, protocol=front, backlog=2048, reuse_address=True
-        )
-        await site.start()
+        assert runner.server is not None
+        await listening.open(runner.server, options.host, options.port, front=front, backlog=2048)
         log.info(
             "client connections bounded at %d (RLIMIT_NOFILE %d, serving.fd_reserve %d); "
             "header timeout %.1fs, idle timeout %.1fs",
@@ -198,7 +200,7 @@ async def serve(config: FleetConfig, options: RouterOptions) -> None:
             len(config.engines),
             core.journal.run_id,
         )
-        control = await listeners.start_control_site(runner, config, options, guard)
+        control = await listeners.start_control_site(runner, config, options, listening)
         if control is not None:
             log.info("control listener on %s (/narwhal/*, /health, /ready, /metrics)", control.url)
         await stop.wait()

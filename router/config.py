@@ -1,10 +1,13 @@
 """Fleet file (`narwhal.fleet` v2) → frozen pydantic models. Every default lives here.
 
-A Narwhal 0.7.0 fleet file is accepted unchanged. Keys of subsystems this router does not
-implement are accepted and reported once at start-up as "accepted, not used" (the registry of
-used and unused keys is ``router/config_keys.py``); any other unknown key is an error naming the
-key and the file. Numbers must be finite (``NaN``/``Infinity`` are refused naming the key) and
-limits carry their ranges here, so a negative limit is an error too.
+A Narwhal 0.7.0 fleet file is accepted unchanged. The keys of 0.7.0 subsystems this router does
+not implement are fields here too (typed, default ``None``): accepted and reported once at start-up
+as "accepted, not used" (the registry of used and unused keys, and the explicit list of these
+peer-compatibility keys, is ``router/config_keys.py``). Any other key is an error naming the key and
+the file: no section accepts keys it does not name. Keys starting with ``_`` are comments (as in
+0.7.0's own ``fleet.example.json``) and are dropped before validation. Numbers must be finite
+(``NaN``/``Infinity`` are refused naming the key) and limits carry their ranges here, so a negative
+limit is an error too.
 """
 
 from __future__ import annotations
@@ -12,10 +15,18 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from router.ids import EngineId, EngineUrl, check_engine_url
 
@@ -57,18 +68,97 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+class _Section(_Frozen):
+    """A section whose unknown keys are refused as ``unknown key <section>.<key>`` (the message the
+    CLI prints, naming the file); ``extra="allow"`` only so the validator can name the section."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
+    _section: ClassVar[str] = ""
+
+    @model_validator(mode="after")
+    def _no_extras(self) -> Self:
+        for key in sorted(self.model_extra or {}):
+            raise ValueError(f"unknown key {self._section}.{key}")
+        return self
+
+
+# Sub-keys Narwhal 0.7.0 accepts inside its object-valued settings (accepted, not used here);
+# any other sub-key is an error, as in 0.7.0.
+PEER_OBJECT_KEYS: dict[str, frozenset[str]] = {
+    "hardware": frozenset({"accelerator", "accelerators_per_engine", "tensor_parallel"}),
+    "engines[].shared_device": frozenset({"group", "gpu_uuid", "device_allowance", "gpu_memory_utilization"}),
+    "recovery.health": frozenset(
+        {
+            "window_s",
+            "drift_band",
+            "min_samples",
+            "probation_windows",
+            "evict_windows",
+            "recovery_windows",
+            "probation_penalty_s",
+            "relative_band",
+        }
+    ),
+    "controller.thresholds": frozenset(
+        {
+            "expand",
+            "shrink",
+            "cooldown_s",
+            "sustained_intervals",
+            "dwell_s",
+            "panic_ratio",
+            "flip_resident_guard",
+        }
+    ),
+    "controller.reactive": frozenset(
+        {
+            "window_s",
+            "evidence_span_s",
+            "evidence_max_span_s",
+            "evidence_min_arrivals",
+            "demand_rise_tolerance",
+            "confirmations",
+            "utilization",
+            "min_arrivals",
+            "demand_floor",
+            "movement_margin",
+            "step_s",
+            "decode_correction_min",
+            "decode_correction_max",
+            "decode_correction_alpha",
+            "decode_correction_min_samples",
+        }
+    ),
+    "profiles": frozenset({"path", "max_decode_fit_mape", "max_decode_cv_mape"}),
+}
+
+
+def check_peer_object(key: str, value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``ValueError`` naming ``<key>.<sub-key>`` for a sub-key 0.7.0 does not accept either."""
+    if value is not None:
+        for sub in sorted(value):
+            if sub not in PEER_OBJECT_KEYS[key]:
+                raise ValueError(f"unknown key {key}.{sub}")
+    return value
+
+
 class EngineSpec(_Frozen):
     iid: EngineId  # [A-Za-z0-9._-]{1,64}: it reaches restart commands, workflow ids and file names
     url: EngineUrl  # a plain http(s) base URL (router/ids.py)
     role: Role = "decode"
     pin: bool = False
     attestation_url: str = ""
-    shared_device: str | None = None
+    shared_device: str | dict[str, Any] | None = None  # a label, or 0.7.0's allocation object
 
     @field_validator("attestation_url")
     @classmethod
     def _attestation_url(cls, v: str) -> str:
         return check_engine_url(v, "attestation_url") if v else v
+
+    @field_validator("shared_device")
+    @classmethod
+    def _shared_device(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        return check_peer_object("engines[].shared_device", v) if isinstance(v, dict) else v
 
 
 class EngineSettings(_Frozen):
@@ -80,10 +170,17 @@ class EngineSettings(_Frozen):
     decode_read_timeout_s: float = Field(default=10.0, gt=0)
     engine_api_key_env: str = ""
     tokenize: bool = True  # accepted, unused: exact sizing via /tokenize is not implemented
+    # Narwhal 0.7.0 keys, accepted, not used (router/config_keys.py PEER_COMPAT)
+    chars_per_token: float | None = None
+    tokenize_timeout_s: float | None = None
+    control_connections: int | None = None
+    pool_timeout_s: float | None = None
+    connect_timeout_s: float | None = None
+    first_token_calibration_path: str | None = None
 
 
-class ServingSettings(_Frozen):
-    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
+class ServingSettings(_Section):
+    _section: ClassVar[str] = "serving"
     request_timeout_s: float = Field(default=600.0, gt=0)
     prefill_timeout_s: float = Field(default=120.0, gt=0)
     max_connections: int = Field(default=768, ge=1)
@@ -102,14 +199,13 @@ class ServingSettings(_Frozen):
     header_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
     idle_timeout_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
     fd_reserve: int = Field(default=64, ge=0)
-    admission: str | None = None  # accepted, unused: predictive admission is not implemented
-
-    @model_validator(mode="after")
-    def _only_retry_extras(self) -> ServingSettings:
-        for key in self.model_extra or {}:
-            if not key.startswith("retry_"):
-                raise ValueError(f"unknown key serving.{key}")
-        return self
+    # Narwhal 0.7.0 keys, accepted, not used (router/config_keys.py PEER_COMPAT)
+    admission: str | None = None
+    admission_margin: float | None = None
+    retry_base_s: float | None = None
+    retry_cap_s: float | None = None
+    retry_budget: float | None = None
+    retry_replenish: float | None = None
 
 
 class SLOSettings(_Frozen):
@@ -119,8 +215,8 @@ class SLOSettings(_Frozen):
     tpot_s: float = Field(gt=0, allow_inf_nan=False)
 
 
-class RecoverySettings(_Frozen):
-    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
+class RecoverySettings(_Section):
+    _section: ClassVar[str] = "recovery"
     state_path: str = "runs/state.json"
     resume: bool = False
     engine_restart_policy: RestartPolicy = "individual"
@@ -129,21 +225,30 @@ class RecoverySettings(_Frozen):
     liveness_every: int = Field(default=10, ge=0)
     liveness_misses: int = Field(default=2, ge=1)
     failure_quarantine_s: float = Field(default=0.0, ge=0)
-    health: dict[str, Any] | None = None  # drift ejection: accepted, unused
+    health: dict[str, Any] | None = None  # drift ejection (0.7.0): accepted, unused
 
-    @model_validator(mode="after")
-    def _no_extras(self) -> RecoverySettings:
-        for key in self.model_extra or {}:
-            raise ValueError(f"unknown key recovery.{key}")
-        return self
+    @field_validator("health")
+    @classmethod
+    def _health(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return check_peer_object("recovery.health", v)
 
 
-class ControllerSettings(_Frozen):
-    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
+class ControllerSettings(_Section):
+    _section: ClassVar[str] = "controller"
     monitor_interval_s: float = Field(default=1.0, gt=0)
     monitor_failure_limit: int = Field(default=5, ge=1)
     min_prefill: int = Field(default=1, ge=0)
     min_decode: int = Field(default=1, ge=0)
+    # the role controller of Narwhal 0.7.0: accepted, not used (router/config_keys.py PEER_COMPAT)
+    advisory: bool | None = None
+    flip_history: int | None = None
+    thresholds: dict[str, Any] | None = None
+    reactive: dict[str, Any] | None = None
+
+    @field_validator("thresholds", "reactive")
+    @classmethod
+    def _peer_objects(cls, v: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        return check_peer_object(f"controller.{info.field_name}", v)
 
 
 class ControlSettings(_Frozen):
@@ -262,8 +367,14 @@ class FleetConfig(_Frozen):
     ha: HASettings = HASettings()
     slo: SLOSettings | None = None
     profiles: dict[str, Any] | None = None  # accepted, unused
+    hardware: dict[str, Any] | None = None  # 0.7.0's engine shape: accepted, unused
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
+
+    @field_validator("profiles", "hardware")
+    @classmethod
+    def _peer_objects(cls, v: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        return check_peer_object(str(info.field_name), v)
 
     @field_validator("engine_contract", mode="before")
     @classmethod
@@ -331,11 +442,22 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+def drop_comments(data: Any) -> Any:
+    """The document without ``_``-prefixed keys at any depth (0.7.0's comment convention)."""
+    if isinstance(data, dict):
+        return {
+            k: drop_comments(v) for k, v in data.items() if not (isinstance(k, str) and k.startswith("_"))
+        }
+    if isinstance(data, list):
+        return [drop_comments(v) for v in data]
+    return data
+
+
 def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: fleet file must be a JSON/YAML object")
     try:
-        return FleetConfig.model_validate(data)
+        return FleetConfig.model_validate(drop_comments(data))
     except ValidationError as exc:
         err = exc.errors()[0]
         where = _loc(tuple(err["loc"]))

@@ -7,8 +7,10 @@ Every key of the configuration model (``router/config.py``) is in exactly one of
   "accepted, not used" when the fleet file sets them, and marked so in ``docs/configuration.md``
   (``scripts/gen_config_docs.py`` reads this registry).
 
-Wildcards stand for the extra keys a section accepts (``serving.retry_*``, ``controller.*``).
-Adding a key to ``router/config.py`` means adding one line here; ``tests/unit/test_config_keys.py``
+No section accepts keys it does not name (``router/config.py``): a key outside both lists is refused
+at start-up (``narwhal-serve`` exits 2 naming the key and the file). ``PEER_COMPAT`` is the explicit
+list of keys accepted only because Narwhal 0.7.0 accepts them (its fleet files must start unchanged);
+each is in ``UNUSED``. Adding a key to ``router/config.py`` means adding one line here; ``tests/unit/test_config_keys.py``
 walks the model and fails for a key that is in neither (or in both). Moving a key from ``UNUSED`` to
 ``USED`` is the last step of implementing it.
 
@@ -50,7 +52,7 @@ USED: dict[str, str] = {
     "serving.max_response_bytes": "router/engines/legs.py",
     "serving.client_write_timeout_s": "router/serving/handler.py",
     "slo": "router/serving/outcome.py",
-    "serving.graceful_timeout_s": "router/cli.py",
+    "serving.graceful_timeout_s": "router/settings.py",
     "serving.max_tokens_limit": "router/context_limits.py",
     "serving.max_client_connections": "router/connections.py",
     "serving.header_timeout_s": "router/connections.py",
@@ -94,28 +96,41 @@ USED: dict[str, str] = {
     "ha.advertise_url": "router/replicas/settings.py",
 }
 
+_ROLE_CONTROLLER = "the role controller of Narwhal 0.7.0 is not implemented (roles stay as configured)"
+_RETRY = "retry tuning of Narwhal 0.7.0 is not implemented; serving.max_attempts bounds the attempts"
+
 UNUSED: dict[str, str] = {
     "engines[].shared_device": "device sharing is not modelled: placement and the breaker treat "
     "every engine as its own device",
     "engine.tokenize": "exact prompt sizing via /tokenize is not implemented",
+    "engine.chars_per_token": "prompt size estimation is not implemented",
+    "engine.tokenize_timeout_s": "exact prompt sizing via /tokenize is not implemented",
+    "engine.control_connections": "engine control calls use their own fixed pool (router/engines/control.py)",
+    "engine.pool_timeout_s": "legs never wait for a pool slot: a leg without an idle connection opens one",
+    "engine.connect_timeout_s": "engine connects are bounded by engine.health_timeout_s",
+    "engine.first_token_calibration_path": "first-token calibration is not implemented",
     "serving.admission": "predictive admission is not implemented",
-    "serving.retry_*": "retry tuning of Narwhal 0.7.0 is not implemented; serving.max_attempts is",
+    "serving.admission_margin": "predictive admission is not implemented",
+    "serving.retry_base_s": _RETRY,
+    "serving.retry_cap_s": _RETRY,
+    "serving.retry_budget": _RETRY,
+    "serving.retry_replenish": _RETRY,
     "recovery.health": "drift ejection is not implemented",
-    "controller.*": "the role controller is not implemented",
+    "controller.advisory": _ROLE_CONTROLLER,
+    "controller.flip_history": _ROLE_CONTROLLER,
+    "controller.thresholds": _ROLE_CONTROLLER,
+    "controller.reactive": _ROLE_CONTROLLER,
     "profiles": "engine profiling is not implemented; profiles.path only places the default journal",
+    "hardware": "the engine hardware shape only feeds Narwhal 0.7.0's profiling, not implemented",
 }
+
+# Keys accepted only for compatibility with Narwhal 0.7.0 fleet files (each also in UNUSED).
+PEER_COMPAT: tuple[str, ...] = tuple(UNUSED)
 
 ALWAYS_ZERO_COUNTERS: dict[str, str] = {
     "unserved": "no SLO-aware placement",
     "unsized_offered": "no request sizing",
 }
-
-
-def _wildcard(prefix: str) -> str | None:
-    for key in UNUSED:
-        if key.endswith("*") and key.startswith(prefix):
-            return key
-    return None
 
 
 def _walk_set(model: BaseModel, prefix: str, out: dict[str, str]) -> None:
@@ -132,10 +147,6 @@ def _walk_set(model: BaseModel, prefix: str, out: dict[str, str]) -> None:
         elif isinstance(value, tuple) and value and all(isinstance(v, BaseModel) for v in value):
             for item in value:
                 _walk_set(item, f"{key}[].", out)
-    for extra in sorted(model.model_extra or {}):
-        wildcard = _wildcard(prefix)
-        if wildcard is not None:
-            out.setdefault(f"{prefix}{extra}", UNUSED[wildcard])
 
 
 def unused_settings(config: Any) -> list[tuple[str, str]]:

@@ -15,6 +15,14 @@ and a file-descriptor reserve for the control plane's own files and sockets.
   timer, which also runs from the moment a connection is accepted).
 
 Requests in progress are never cut by these timeouts (``serving.request_timeout_s`` bounds them).
+
+Only aiohttp's public API is used (``tests/unit/test_aiohttp_public.py`` checks ``router/`` for
+private names): the listeners are our own ``loop.create_server`` sockets (:class:`Listeners`), an
+aiohttp connection is the protocol a ``web.Server`` instance returns when called, the bound counts
+``web.Server.connections`` plus the front's own connections, the header timeout watches transports
+(a request head has arrived once the outermost middleware saw a request on that transport, or the
+front read one), and the graceful stop runs from the application's ``on_shutdown`` /
+``on_cleanup`` signals, so ``AppRunner.cleanup`` stops everything in the usual order.
 """
 
 from __future__ import annotations
@@ -23,11 +31,10 @@ import asyncio
 import contextlib
 import logging
 import resource
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 
 from router.config import ServingSettings
 
@@ -57,17 +64,39 @@ class _Refused(asyncio.Protocol):
             transport.close()
 
 
-class Accepted(Protocol):
-    """A connection the header timeout watches: aiohttp's ``RequestHandler`` or the client listener's
-    ``serving.front.FrontProtocol`` (both count requests in ``_request_count``)."""
+class _ToAiohttp(asyncio.Protocol):
+    """An accepted connection for aiohttp: the header timeout starts watching its transport, then
+    aiohttp's protocol (what calling the ``web.Server`` gives) takes the transport over."""
 
-    @property
-    def transport(self) -> asyncio.Transport | None: ...
+    def __init__(self, guard: ConnectionGuard, server: web.Server) -> None:
+        self.guard = guard
+        self.server = server
 
-    def force_close(self) -> None: ...
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.guard.watch(transport)
+        handler = self.server()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
 
 
-Connection = Callable[[], Any]  # a protocol factory: a new connection's protocol
+class Front(Protocol):
+    """The client listener's own protocol (``serving.front.FrontServer``): its connections count
+    against the bound, and the graceful stop closes them."""
+
+    def __call__(self) -> asyncio.BaseProtocol: ...
+
+    def __len__(self) -> int:
+        """Connections open (not handed to aiohttp)."""
+
+    def close(self) -> None:
+        """Close idle connections now; the others after the response in progress."""
+
+    async def shutdown(self, timeout: float) -> None:  # noqa: ASYNC109
+        """Wait up to ``timeout`` for the requests in progress, cancel the rest, close."""
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Factory = Callable[[], asyncio.BaseProtocol]
 
 
 class ConnectionGuard:
@@ -77,9 +106,10 @@ class ConnectionGuard:
         self.settings = settings
         self.bound = client_bound(settings)
         self.refused = 0
-        # connections still waiting for their first request head (pruned by the sweeper)
-        self._accepted_at: dict[Accepted, float] = {}
-        self._server: web.Server | None = None
+        # transports still waiting for their first request head (pruned by the sweeper)
+        self._waiting: dict[asyncio.BaseTransport, float] = {}
+        self._servers: list[web.Server] = []
+        self._fronts: list[Front] = []
         self._task: asyncio.Task[None] | None = None
         self.header_timeouts = 0
 
@@ -88,35 +118,47 @@ class ConnectionGuard:
         return {"keepalive_timeout": self.settings.idle_timeout_s}
 
     def open_connections(self) -> int:
-        return len(self._server.connections) if self._server is not None else 0
+        return sum(len(s.connections) for s in self._servers) + sum(len(f) for f in self._fronts)
 
-    def factory(self, server: web.Server, extra: int = 0, protocol: Connection | None = None) -> Any:
-        """The listener's protocol factory: ``protocol`` (default: aiohttp's ``server()``) under the
-        bound. A ``protocol`` must register its connections with ``server`` (they count)."""
-        self._server = server
+    def factory(self, server: web.Server, extra: int = 0, front: Front | None = None) -> Factory:
+        """A listener's protocol factory under the bound: ``front`` (which calls :meth:`watch` and
+        :meth:`head_arrived` itself), or aiohttp's protocol from ``server``."""
+        if server not in self._servers:
+            self._servers.append(server)
+        if front is not None and front not in self._fronts:
+            self._fronts.append(front)
         limit = self.bound + extra
-        loop = asyncio.get_running_loop()
-        make_protocol = protocol or server
 
         def make() -> asyncio.BaseProtocol:
-            if len(server.connections) >= limit:
+            if (open_now := self.open_connections()) >= limit:
                 self.refused += 1
                 if self.refused == 1 or self.refused % 1000 == 0:
                     log.warning("connection refused: %d open, bound %d (refused so far: %d)",
-                                len(server.connections), limit, self.refused)  # fmt: skip
+                                open_now, limit, self.refused)  # fmt: skip
                 return _Refused()
-            conn = make_protocol()
-            self._accepted_at[conn] = loop.time()
-            return conn
+            return front() if front is not None else _ToAiohttp(self, server)
 
         return make
 
-    def adopt(self, old: Accepted, new: RequestHandler) -> None:
-        """A connection changed protocol before its first request (the front handed it to aiohttp):
-        the header timeout keeps counting from its acceptance."""
-        accepted = self._accepted_at.pop(old, None)
-        if accepted is not None:
-            self._accepted_at[new] = accepted
+    def watch(self, transport: asyncio.BaseTransport) -> None:
+        """A new connection: the header timeout counts from now."""
+        self._waiting[transport] = asyncio.get_running_loop().time()
+
+    def head_arrived(self, transport: asyncio.BaseTransport | None) -> None:
+        """The connection delivered a request head: the header timeout no longer applies to it."""
+        if transport is not None:
+            self._waiting.pop(transport, None)
+
+    def middleware(self) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+        """The outermost middleware: a request reached aiohttp's handler, so its head arrived."""
+
+        @web.middleware
+        async def first_request(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if self._waiting:
+                self.head_arrived(request.transport)
+            return await handler(request)
+
+        return first_request
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._sweep(), name="narwhal-header-timeout")
@@ -132,17 +174,12 @@ class ConnectionGuard:
         """Close connections whose first request head did not arrive in time; returns how many."""
         closed = 0
         limit = self.settings.header_timeout_s
-        for handler, accepted in list(self._accepted_at.items()):
-            gone = handler.transport is None and now - accepted > 0.1  # closed meanwhile
-            if gone or getattr(handler, "_request_count", 1) > 0:  # or a request head arrived
-                self._accepted_at.pop(handler, None)
-                continue
-            if now - accepted >= limit:
-                self._accepted_at.pop(handler, None)
-                handler.force_close()
-                transport = handler.transport
-                if transport is not None:
-                    transport.close()
+        for transport, accepted in list(self._waiting.items()):
+            if transport.is_closing():  # closed meanwhile
+                del self._waiting[transport]
+            elif now - accepted >= limit:
+                del self._waiting[transport]
+                transport.close()
                 closed += 1
         self.header_timeouts += closed
         return closed
@@ -171,27 +208,56 @@ class ConnectionGuard:
         ]
 
 
-class GuardedSite(web.TCPSite):
-    """``web.TCPSite`` whose connections go through a ``ConnectionGuard`` factory."""
+class Listeners:
+    """The router's TCP listeners — ``loop.create_server`` with a :class:`ConnectionGuard` factory —
+    and their graceful stop, run by ``AppRunner.cleanup`` through the application's signals:
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, guard: ConnectionGuard, extra: int = 0,
-                 protocol: Connection | None = None, **kw: Any) -> None:  # fmt: skip
-        super().__init__(runner, host, port, **kw)
-        self._guard = guard
-        self._extra = extra
-        self._protocol = protocol
+    1. ``on_shutdown`` (first): the listeners close (a new connection is refused) and the fronts
+       close their idle connections; their requests in progress get ``graceful_s`` from now —
+       while aiohttp's own connections get the runner's ``shutdown_timeout`` (the same value);
+    2. ``on_cleanup`` (first): waits for the fronts, so the router's components stop after the
+       last request."""
 
-    async def start(self) -> None:
-        await web.BaseSite.start(self)
-        server = self._runner.server
-        assert server is not None
+    def __init__(self, guard: ConnectionGuard, graceful_s: float) -> None:
+        self.guard = guard
+        self.graceful_s = graceful_s
+        self._servers: list[asyncio.Server] = []
+        self._fronts: list[Front] = []
+        self._draining: asyncio.Task[None] | None = None
+
+    def install(self, app: web.Application) -> None:
+        """Before ``AppRunner.setup``: the header-timeout middleware and the stop signals."""
+        app.middlewares.insert(0, self.guard.middleware())  # type: ignore[arg-type]
+        app.on_shutdown.insert(0, self._on_shutdown)
+        app.on_cleanup.insert(0, self._on_cleanup)
+
+    async def open(self, server: web.Server, host: str, port: int, *, extra: int = 0,
+                   front: Front | None = None, backlog: int = 128) -> int:  # fmt: skip
+        """Listen on ``host:port``; returns the bound port. ``extra``: connections beyond the bound."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._guard.factory(server, self._extra, self._protocol),
-            self._host,
-            self._port,
-            ssl=self._ssl_context,
-            backlog=self._backlog,
-            reuse_address=self._reuse_address,
-            reuse_port=self._reuse_port,
-        )
+        factory = self.guard.factory(server, extra, front)
+        listening = await loop.create_server(factory, host, port, backlog=backlog, reuse_address=True)
+        self._servers.append(listening)
+        if front is not None:
+            self._fronts.append(front)
+        return int(listening.sockets[0].getsockname()[1])
+
+    def stop_accepting(self) -> None:
+        """New connections are refused from now; the fronts close their idle connections."""
+        for listening in self._servers:
+            listening.close()
+        for front in self._fronts:
+            front.close()
+        if self._draining is None:
+            self._draining = asyncio.get_running_loop().create_task(self._drain(), name="narwhal-drain")
+
+    async def _drain(self) -> None:
+        await asyncio.gather(*(front.shutdown(self.graceful_s) for front in self._fronts))
+
+    async def _on_shutdown(self, _: web.Application) -> None:
+        self.stop_accepting()
+
+    async def _on_cleanup(self, _: web.Application) -> None:
+        self.stop_accepting()  # no-op after on_shutdown (a failed start-up skips it)
+        assert self._draining is not None
+        await self._draining

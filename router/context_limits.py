@@ -16,32 +16,34 @@ from aiohttp import web
 
 from router.core import RouterCore
 from router.engines.control import EngineControl
+from router.tasks import Tasks
 
 log = logging.getLogger("narwhal.context")
 
 
 class ContextLimits:
-    def __init__(self, core: RouterCore, interval_s: float = 30.0) -> None:
+    def __init__(
+        self, core: RouterCore, control: EngineControl | None = None, interval_s: float = 30.0
+    ) -> None:
         self.core = core
         self.interval_s = interval_s
-        self.control = EngineControl(core.config)
+        self._owns_control = control is None  # a shared client is started and stopped by its owner
+        self.control = control or EngineControl(core.config)
         self.reported: dict[str, int] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Tasks(log)
 
     def add_routes(self, app: web.Application) -> None:
         return None
 
     async def start(self) -> None:
-        await self.control.start()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="narwhal-context-limits")
+        if self._owns_control:
+            await self.control.start()
+        self._tasks.spawn(self._run(), "narwhal-context-limits")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
-        await self.control.stop()
+        await self._tasks.stop()
+        if self._owns_control:
+            await self.control.stop()
 
     async def refresh(self) -> bool:
         """Ask every engine once; True when all of them answered."""

@@ -2,6 +2,8 @@
 
 Components (serving, breaker, lifecycle, HA) receive the core plus the other components they use
 as typed constructor arguments (wired once in ``router/assemble.py``); the core holds state only.
+The readiness predicates are the control mode's (``router/control_mode.py``): active-passive or
+active-active, chosen at assembly.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from router.builds import EngineBuilds
 from router.clock import Clock, SystemClock
 from router.config import FleetConfig
+from router.control_mode import ActivePassive, ControlMode
 from router.counters import Counters
 from router.engine_stats import EngineStats
 from router.ha.control import ControlState
@@ -25,6 +28,10 @@ class RouterCore:
     journal: Journal
     clock: Clock = field(default_factory=SystemClock)
     control: ControlState = field(default_factory=ControlState)
+    # how this router takes part in control (router/control_mode.py): readiness and the placement
+    # gate follow it. Set once by ``router/assemble.py`` before anything starts (active-active's
+    # mode is built from the lifecycle, which is built from this core); never changed afterwards.
+    mode: ControlMode = field(default_factory=ActivePassive)
     scheduler: Scheduler = field(init=False)
     counters: Counters = field(default_factory=Counters)
     identities_ready: bool = True  # false until the startup/takeover identity check passes
@@ -67,50 +74,11 @@ class RouterCore:
         return self.controls_fleet() and not self.monitoring_degraded
 
     def ready(self) -> bool:
-        if self.control.replica is not None:  # active-active: every replica that can place serves
-            return not self._replica_reason() and bool(self.scheduler.eligible())
-        return (
-            self.control_ready()
-            and self.identities_ready
-            and not self.scheduler.fleet_hold
-            and bool(self.scheduler.eligible())
-        )
-
-    def _replica_reason(self) -> str:
-        """Active-active readiness: the replica gate, then the holds every replica follows."""
-        assert self.control.replica is not None
-        why = self.control.replica.placement_reason()
-        if why:
-            return why
-        if self.scheduler.fleet_hold:
-            return self.scheduler.fleet_hold
-        if self.controls_fleet() and self.monitoring_degraded:
-            return f"monitoring degraded: {self.monitoring_degraded}"
-        if not self.identities_ready:
-            return "engine identity validation pending"
-        return ""
+        return self.mode.ready(self)
 
     def ready_reason(self) -> str:
         """Why /ready is 503, in the peer's precedence order; "" when ready."""
-        if self.control.replica is not None:
-            return self._replica_reason() or ("" if self.scheduler.eligible() else "no available engines")
-        if self.control.failover_blocked:
-            return self.control.failover_blocked
-        if self.scheduler.fleet_hold:
-            return self.scheduler.fleet_hold
-        if self.monitoring_degraded:
-            return f"monitoring degraded: {self.monitoring_degraded}"
-        if self.control.standby:
-            return "shadowing"
-        if not self.controls_fleet():
-            return "lease expired"
-        if not self.identities_ready:
-            return "engine identity validation pending"
-        if not self.scheduler.eligible():
-            excluded = self.scheduler.excluded
-            detail = "; ".join(f"{iid} {why}" for iid, why in sorted(excluded.items()))
-            return f"no available engines ({detail})" if detail else "no available engines"
-        return ""
+        return self.mode.ready_reason(self)
 
     def health_status(self) -> str:
         if self.ready():
@@ -125,15 +93,4 @@ class RouterCore:
 
     def prefill_hold_reason(self) -> str:
         """Why a new prefill placement is refused right now ("" = allowed)."""
-        if self.control.replica is not None:
-            why = self.control.replica.placement_reason()
-            if why or not (self.controls_fleet() and self.monitoring_degraded):
-                return why
-            return f"monitoring degraded: {self.monitoring_degraded}"
-        if not self.controls_fleet():
-            return self.control.failover_blocked or (
-                "standby: the primary router is serving" if self.control.standby else "lease expired"
-            )
-        if self.monitoring_degraded:
-            return f"monitoring degraded: {self.monitoring_degraded}"
-        return ""
+        return self.mode.prefill_hold_reason(self)

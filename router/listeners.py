@@ -24,7 +24,8 @@ import orjson
 from aiohttp import web
 
 from router.config import ConfigError, FleetConfig
-from router.connections import CONTROL_EXTRA, ConnectionGuard, GuardedSite
+from router.connections import CONTROL_EXTRA, Listeners
+from router.options import RouterOptions
 
 CONTROL_PREFIX = "/narwhal/"
 CONTROL_OPS = frozenset({"/health", "/ready", "/metrics"})
@@ -43,19 +44,19 @@ class ControlListener:
         return f"http://{host}:{self.port}"
 
 
-def control_listener(config: FleetConfig, options: object) -> ControlListener | None:
+def control_listener(config: FleetConfig, options: RouterOptions) -> ControlListener | None:
     """The control address (flags over the fleet file), or None; ConfigError when unusable."""
-    flag_port = getattr(options, "control_port", None)
-    flag_host = getattr(options, "control_host", None)
+    flag_port = options.control_port
+    flag_host = options.control_host
     port = flag_port if flag_port is not None else config.control.port
-    host = flag_host or config.control.host or str(getattr(options, "host", "127.0.0.1"))
+    host = flag_host or config.control.host or options.host
     if not port:
         if flag_host:
             raise ConfigError("--control-host needs a control port (--control-port or control.port)")
         return None
     if not 0 < port <= 65535:
         raise ConfigError(f"control port {port} is not a TCP port (1-65535)")
-    if port == getattr(options, "port", None):
+    if port == options.port:
         raise ConfigError(f"control port {port} is the client --port: the listeners need distinct ports")
     return ControlListener(host, port)
 
@@ -70,12 +71,12 @@ def is_loopback(host: str) -> bool:
         return False  # a hostname: it may resolve anywhere
 
 
-def open_control_warning(config: FleetConfig, options: object) -> str:
+def open_control_warning(config: FleetConfig, options: RouterOptions) -> str:
     """A start-up warning when ``/narwhal/*`` is reachable beyond loopback without a token, else ""."""
     if config.control.token_env:
         return ""
     listener = control_listener(config, options)
-    host = listener.host if listener is not None else str(getattr(options, "host", "127.0.0.1"))
+    host = listener.host if listener is not None else options.host
     if is_loopback(host):
         return ""
     where = "control listener" if listener is not None else "client listener"
@@ -118,7 +119,7 @@ def listener_middleware(control_port: int) -> Middleware:
     return split_listeners
 
 
-def install_listener_split(app: web.Application, config: FleetConfig, options: object) -> None:
+def install_listener_split(app: web.Application, config: FleetConfig, options: RouterOptions) -> None:
     """Validate the control address now (ConfigError → exit 2) and add the middleware, outermost."""
     listener = control_listener(config, options)
     if listener is not None:
@@ -126,20 +127,19 @@ def install_listener_split(app: web.Application, config: FleetConfig, options: o
 
 
 async def start_control_site(
-    runner: web.BaseRunner, config: FleetConfig, options: object, guard: ConnectionGuard | None = None
+    runner: web.BaseRunner, config: FleetConfig, options: RouterOptions, listening: Listeners | None = None
 ) -> ControlListener | None:
     """Bind the control listener on ``runner`` (after the client site); None when not configured.
 
-    With a ``guard`` the listener may hold ``CONTROL_EXTRA`` connections beyond the client bound, so
-    operators and the standby get in while the client listener is full."""
+    Through ``listening`` (the connection guard's listeners) it may hold ``CONTROL_EXTRA``
+    connections beyond the client bound, so operators and the standby get in while the client
+    listener is full; without it, it is a plain ``web.TCPSite``."""
     listener = control_listener(config, options)
     if listener is None:
         return None
-    site: web.TCPSite
-    if guard is not None:
-        site = GuardedSite(runner, listener.host, listener.port, guard, CONTROL_EXTRA, backlog=128,
-                           reuse_address=True)  # fmt: skip
+    if listening is not None:
+        assert runner.server is not None
+        await listening.open(runner.server, listener.host, listener.port, extra=CONTROL_EXTRA)
     else:
-        site = web.TCPSite(runner, listener.host, listener.port, backlog=128, reuse_address=True)
-    await site.start()
+        await web.TCPSite(runner, listener.host, listener.port, backlog=128, reuse_address=True).start()
     return listener

@@ -147,6 +147,7 @@ class RouterCollector(Collector):
         )
         yield from self._engines()
         yield from core.engine_stats.families()
+        yield from core.journal.families()
         yield stats.ttft.family("narwhal_ttft_seconds", "Time to first token of served requests.")
         yield stats.e2e.family("narwhal_e2e_seconds", "End-to-end duration of served requests.")
         for source in r.extra_metric_sources:

@@ -13,7 +13,7 @@ _JSON = "application/json"
 
 def _lease_problem(core: RouterCore) -> str:
     lease = core.control.lease
-    return str(getattr(lease, "problem", "") or getattr(lease, "recovered", "") or "")
+    return (lease.problem or lease.recovered) if lease is not None else ""
 
 
 class Ops:
@@ -59,6 +59,9 @@ class Ops:
             # damage found in the lease record now, else what the last recovery of it did
             "lease_problem": _lease_problem(core),
         }
+        journal = core.journal.degraded()
+        if journal:  # present only while journal rows are not being written; serving goes on
+            doc["journal_degraded"] = journal
         headers = None if ready else {"retry-after": "1"}
         return web.Response(
             status=200 if ready else 503, body=orjson.dumps(doc), content_type=_JSON, headers=headers

@@ -5,14 +5,15 @@
   recovery.readmit_every``) probes ejected engines and re-verifies inference suspects.
   Contract-free readmission: ``/health`` 200 and a direct 1-token generation (plus an inference
   probe for suspects). When ``recovery_validator`` is set (fleets with an ``engine_contract``,
-  wired by the lifecycle component), it is called instead and owns the readmission.
-The pass is skipped while this router does not control the fleet or a fleet hold is active.
+  wired by the lifecycle component), it is called instead and owns the readmission; the control
+  mode (``core.mode``, router/control_mode.py) picks the validator that applies right now.
+The pass is skipped while a fleet hold is active, and while this router does not control the fleet
+unless the mode recovers its own ejections (active-active).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -22,7 +23,9 @@ from aiohttp import web
 
 from router.breaker import Breaker, Decision
 from router.core import RouterCore
+from router.engines.control import EngineControl
 from router.engines.legs import EngineClient, LegFailure, decode_body, prefill_body
+from router.tasks import Tasks
 
 log = logging.getLogger("narwhal.probes")
 _PROBE_BODY: dict[str, Any] = {"prompt": "narwhal inference probe", "max_tokens": 2, "temperature": 0.0}
@@ -30,17 +33,22 @@ _PROBE_BODY: dict[str, Any] = {"prompt": "narwhal inference probe", "max_tokens"
 
 class Prober:
     def __init__(
-        self, core: RouterCore, breaker: Breaker, engines: EngineClient, interval_s: float | None = None
+        self,
+        core: RouterCore,
+        breaker: Breaker,
+        engines: EngineClient,
+        control: EngineControl,
+        interval_s: float | None = None,
     ) -> None:
         self.core = core
         self.breaker = breaker
-        self.engines = engines
+        self.engines = engines  # the fabric probe's legs: the data-plane path clients use
+        self.control = control  # health and the direct generation: the one engine-control client
         cfg = core.config
         self.interval_s = interval_s or cfg.controller.monitor_interval_s * cfg.recovery.readmit_every
         self.tick_s = min(cfg.controller.monitor_interval_s, self.interval_s)
         self.recovery_validator: Callable[[str], Awaitable[bool]] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._loop: asyncio.Task[None] | None = None
+        self._tasks = Tasks(log)  # the pass loop and the probes in flight
         self._suspect_checked: dict[str, float] = {}
 
     # -- component protocol -----------------------------------------------------------------
@@ -48,16 +56,10 @@ class Prober:
         return None
 
     async def start(self) -> None:
-        self._loop = asyncio.create_task(self._run(), name="narwhal-probes")
+        self._tasks.spawn(self._run(), "narwhal-probes")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._loop, *self._tasks) if t is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._loop = None
+        await self._tasks.stop()
 
     # -- breaker decisions ------------------------------------------------------------------
     def handle(self, decision: Decision) -> None:
@@ -82,12 +84,10 @@ class Prober:
             finally:
                 self.breaker.probing.discard(iid)
 
-        task = asyncio.create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(run(), f"narwhal-probe-{iid}")
 
     async def _health_probe(self, iid: str) -> None:
-        ok = await self.engines.health(self.core.scheduler.engines[iid].url)
+        ok = await self.control.health(iid)
         self.handle(self.breaker.health_result(iid, ok))
 
     async def _inference_probe(self, iid: str) -> None:
@@ -150,7 +150,7 @@ class Prober:
     def pass_once(self) -> None:
         core = self.core
         # active-active: breaker evidence is each replica's own, so every replica probes its ejections
-        if (not core.controls_fleet() and core.control.replica is None) or core.scheduler.fleet_hold:
+        if (not core.controls_fleet() and not core.mode.recovers_own_ejections) or core.scheduler.fleet_hold:
             return
         for iid in self.breaker.due_for_readmission(self.interval_s):
             self._spawn(iid, self._recover(iid))
@@ -162,12 +162,12 @@ class Prober:
                 self._spawn(iid, self._inference_probe(iid))
 
     async def _recover(self, iid: str) -> None:
-        url = self.core.scheduler.engines[iid].url
-        if self.recovery_validator is not None:
-            ok: bool | None = await self.recovery_validator(iid)
+        validator = self.core.mode.recovery_validator(self.recovery_validator)
+        if validator is not None:
+            ok: bool | None = await validator(iid)
             self.breaker.readmission_probe(iid, ok, "lifecycle")
             return
-        ok = await self.engines.health(url) and await self.engines.generate_one(url)
+        ok = await self.control.health(iid) and await self.control.generation_ok(iid, "narwhal-probe")
         if ok and iid in self.core.scheduler.inference_suspects:
             ok = await self.verify_paths(iid)
         if self.breaker.readmission_probe(iid, ok, "health"):

@@ -54,7 +54,10 @@ DESCRIPTIONS: dict[str, str] = {
     "request with TTFT (arrival to first token) ≤ `ttft_s` and time per output token (first token "
     "to the end, per later token) ≤ `tpot_s` counts in `slo_met` (`narwhal_slo_met_total`); absent: "
     "`slo_met` stays 0. Placement does not use it.",
-    "profiles": "Engine profiles of Narwhal 0.7.0 (`path`).",
+    "profiles": "Engine profiles of Narwhal 0.7.0 (`path`, `max_decode_fit_mape`, `max_decode_cv_mape`; "
+    "other sub-keys are errors).",
+    "hardware": "Engine hardware shape of Narwhal 0.7.0 (`accelerator`, `accelerators_per_engine`, "
+    "`tensor_parallel`; other sub-keys are errors).",
     # engines[]
     "engines[].iid": "Engine ID used in the lifecycle API, metrics, journal and restart commands: "
     "`[A-Za-z0-9._-]{1,64}`, anything else is refused naming the value.",
@@ -66,7 +69,9 @@ DESCRIPTIONS: dict[str, str] = {
     "fabric validation pairs respect the pin.",
     "engines[].attestation_url": "URL of the engine's `narwhal.attestation` document (attestation "
     "sidecar). Empty: readmission fails with `attestation_url is not configured`.",
-    "engines[].shared_device": "Label of a device this engine shares with other engines.",
+    "engines[].shared_device": "Label of a device this engine shares with other engines, or Narwhal "
+    "0.7.0's allocation object (`group`, `gpu_uuid`, `device_allowance`, `gpu_memory_utilization`; "
+    "other sub-keys are errors).",
     # engine
     "engine.backend": "Engine backend. Only vLLM is implemented.",
     "engine.connector": "KV transfer connector. Only NIXL (descriptor hand-off) is implemented.",
@@ -80,11 +85,19 @@ DESCRIPTIONS: dict[str, str] = {
     "engine.engine_api_key_env": "Name of an environment variable holding the engines' API key; when "
     "set, engine requests carry `authorization: Bearer <key>`.",
     "engine.tokenize": "Size prompts exactly via the engine's `/tokenize`.",
+    "engine.chars_per_token": "Narwhal 0.7.0: characters per token of its prompt-size estimate.",
+    "engine.tokenize_timeout_s": "Narwhal 0.7.0: timeout of `/tokenize` calls.",
+    "engine.control_connections": "Narwhal 0.7.0: connection pool size of engine control calls.",
+    "engine.pool_timeout_s": "Narwhal 0.7.0: how long a leg waits for a connection of the engine pool.",
+    "engine.connect_timeout_s": "Narwhal 0.7.0: engine connect timeout.",
+    "engine.first_token_calibration_path": "Narwhal 0.7.0: first-token calibration artifact.",
     # serving
     "serving.request_timeout_s": "Overall deadline of one client request.",
     "serving.prefill_timeout_s": "Timeout of the prefill leg and of the readmission generation check.",
     "serving.max_connections": "In-flight request seats (admission limit; `--max-concurrent` "
-    "overrides it) and the engine connection pool size.",
+    "overrides it) and the engine connection pool size: the router keeps at most this many "
+    "connections to engines open; a leg that finds no idle connection opens one (it never waits), "
+    "and a connection returned while this many are open is closed instead of kept alive.",
     "serving.queue_capacity": "Requests allowed to wait (first in, first out) for a seat when all are "
     "taken; past it, and with 0, 429 `inflight_limit` at once (counted `rejected`). Gauge "
     "`narwhal_queued_requests`.",
@@ -118,8 +131,11 @@ DESCRIPTIONS: dict[str, str] = {
     "serving.graceful_timeout_s": "On SIGTERM: how long in-flight requests may finish before the "
     "listener closes.",
     "serving.admission": "Admission mode of Narwhal 0.7.0 (`predictive`).",
-    "serving.retry_*": "Any `retry_`-prefixed key (retry tuning of Narwhal 0.7.0); other unknown keys "
-    "are errors.",
+    "serving.admission_margin": "Narwhal 0.7.0: predictive admission margin.",
+    "serving.retry_base_s": "Narwhal 0.7.0: first retry backoff.",
+    "serving.retry_cap_s": "Narwhal 0.7.0: largest retry backoff.",
+    "serving.retry_budget": "Narwhal 0.7.0: shared retry budget.",
+    "serving.retry_replenish": "Narwhal 0.7.0: retry budget replenished per request.",
     # recovery
     "recovery.state_path": "Handoff state file, written atomically by the active router and read "
     "by `--resume`.",
@@ -135,7 +151,9 @@ DESCRIPTIONS: dict[str, str] = {
     "placement for this long (0: off); a later failure extends it. Never applied to an engine "
     "the role floors cannot spare (`controller.min_prefill`/`min_decode`). Shown in `/narwhal/state` "
     "(`scheduler.engines.<id>.quarantine`) and as `accepts_new: false` in the lifecycle document.",
-    "recovery.health": "Drift-ejection settings of Narwhal 0.7.0.",
+    "recovery.health": "Drift-ejection settings of Narwhal 0.7.0 (`window_s`, `drift_band`, "
+    "`min_samples`, `probation_windows`, `evict_windows`, `recovery_windows`, `probation_penalty_s`, "
+    "`relative_band`; other sub-keys are errors).",
     # controller
     "controller.monitor_interval_s": "Cadence of the monitor loop (liveness, recovery, handoff writes).",
     "controller.monitor_failure_limit": "Consecutive monitor passes with a failing stage (identity, "
@@ -146,7 +164,14 @@ DESCRIPTIONS: dict[str, str] = {
     "(409 naming the role) and the breaker spares (never ejects, holds or quarantines) an engine "
     "the floor needs. 0 disables the floor. Must not exceed the engines able to serve the role.",
     "controller.min_decode": "Role floor for decode; same rules as `controller.min_prefill`.",
-    "controller.*": "Other keys (role-controller settings of Narwhal 0.7.0).",
+    "controller.advisory": "Narwhal 0.7.0: role controller decides without acting.",
+    "controller.flip_history": "Narwhal 0.7.0: role flips kept in its history.",
+    "controller.thresholds": "Narwhal 0.7.0: role-controller thresholds (`expand`, `shrink`, "
+    "`cooldown_s`, `sustained_intervals`, `dwell_s`, `panic_ratio`, `flip_resident_guard`; other "
+    "sub-keys are errors).",
+    "controller.reactive": "Narwhal 0.7.0: reactive role-controller settings (its `reactive_*` "
+    "settings without the prefix, e.g. `window_s`, `confirmations`, `utilization`; other sub-keys "
+    "are errors).",
     # control
     "control.token_env": "Name of an environment variable holding a bearer token required for "
     "`/narwhal/*` mutations (empty: no token).",
@@ -199,18 +224,10 @@ CONTRACT_DESCRIPTIONS: dict[str, str] = {
 }
 
 SECTION_NOTES: dict[str, str] = {
-    "serving": "Unknown keys are errors except `retry_*`.",
-    "recovery": "Unknown keys are errors.",
-    "controller": "Unknown keys are accepted as role-controller settings and reported as unused.",
     "ha": "Lease timing must be finite with `lease_renew_interval_s > 0`, "
     "`0 ≤ lease_safety_margin_s < lease_ttl_s` and "
     "`lease_ttl_s > lease_renew_interval_s + lease_safety_margin_s`.",
 }
-
-
-# Sections that accept extra keys (pydantic ``extra="allow"`` plus a validator that filters them);
-# ``recovery`` also allows extras only to reject each one with a clear message.
-WILDCARD_KEYS: dict[str, str] = {"serving.": "serving.retry_*", "controller.": "controller.*"}
 
 
 class MissingDescription(KeyError):
@@ -301,9 +318,6 @@ def _table(model: type[BaseModel], prefix: str) -> list[str]:
         if constraint:
             type_ += f" ({constraint})"
         lines.append(_row(path, type_, _default(field), _description(path, field)))
-    wildcard = WILDCARD_KEYS.get(prefix)
-    if wildcard is not None and model.model_config.get("extra") == "allow":
-        lines.append(_row(wildcard, "any", "—", _description(wildcard, FieldInfo())))
     return lines
 
 
@@ -324,9 +338,13 @@ def render() -> str:
         "     run `.venv/bin/python scripts/gen_config_docs.py`. -->",
         "",
         "`narwhal-serve --fleet PATH` reads this file (JSON, or YAML for `.yaml`/`.yml`). A Narwhal "
-        "0.7.0 fleet file is accepted unchanged. Unknown keys are errors naming the key and the file. "
-        "Keys marked **Accepted, not used** are read and have no effect: those the file sets are "
-        "listed once at start-up (one log line, `accepted, not used: …`). Numbers must be finite "
+        "0.7.0 fleet file is accepted unchanged. Unknown keys, in every section, are errors: "
+        "`narwhal-serve` exits 2 with one line naming the key and the file (e.g. `controller.min_prefil`). "
+        "Keys marked **Accepted, not used** are the keys Narwhal 0.7.0 accepts that this router does "
+        "not implement (the peer-compatibility list, `PEER_COMPAT` in `router/config_keys.py`): they "
+        "are read and have no effect, and those the file sets are listed once at start-up (one log "
+        "line, `accepted, not used: …`). Keys starting with `_` are comments (as in 0.7.0's "
+        "`fleet.example.json`) and are ignored at any depth. Numbers must be finite "
         "(`NaN`/`Infinity` are errors naming the key) and within the ranges shown; a bad value "
         "makes `narwhal-serve` exit 2 with one line naming the key and the file.",
         "",

@@ -1,7 +1,7 @@
 """Record workflow histories for the replay tests (tests/unit/restart/test_replay.py).
 
 Runs a few representative scenarios on the time-skipping test server (offline) with the fake
-activities of fleet/testing/restart_fakes.py and writes every workflow's history — the parent
+activities of narwhal_testing/restart_fakes.py and writes every workflow's history — the parent
 RollingRestart/WaveRestart and each child EngineRestart — to
 ``tests/fixtures/histories/<workflow id>.json`` (``WorkflowHistory.to_json()`` re-serialised one
 event per line; the file name is the workflow id, which ``to_json`` leaves out).
@@ -36,10 +36,8 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 
-from fleet.testing.restart_fakes import FakeFleet  # noqa: E402
-from fleet.testing.temporal import start_time_skipping, until_progress  # noqa: E402
-from workflows.analysis import AnalysisPolicy  # noqa: E402
-from workflows.models import (  # noqa: E402
+from narwhal_models.evidence import AnalysisPolicy  # noqa: E402
+from narwhal_models.restart import (  # noqa: E402
     FLEET_LOCK_PREFIX,
     OperatorAnswer,
     OperatorRequest,
@@ -52,6 +50,8 @@ from workflows.models import (  # noqa: E402
     fleet_lock_id,
     fleet_workflow_id,
 )
+from narwhal_testing.restart_fakes import FakeFleet  # noqa: E402
+from narwhal_testing.temporal import start_time_skipping, until_progress  # noqa: E402
 from workflows.outcome import final_result  # noqa: E402
 from workflows.restart import EngineRestart, FleetLock, RollingRestart, WaveRestart  # noqa: E402
 

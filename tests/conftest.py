@@ -1,4 +1,4 @@
-"""Suite-wide pytest hooks: xdist workers die with pytest (kept in fleet/testing so they can be
+"""Suite-wide pytest hooks: xdist workers die with pytest (kept in narwhal_testing so they can be
 loaded outside this tree too), and the project is byte-compiled once before any test runs.
 
 The suite starts a few hundred Python processes (routers, engines, supervisors, workers, CLIs).
@@ -14,12 +14,12 @@ import os
 
 import pytest
 
-from fleet.testing import xdist
-from fleet.testing.procs import REPO
+from narwhal_testing import xdist
+from narwhal_testing.procs import REPO
 
 __all__ = ["pytest_configure"]
 
-PACKAGES = ("router", "fleet", "workflows", "activities")
+PACKAGES = ("router", "fleet", "workflows", "activities", "narwhal_models", "narwhal_testing")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from workflows.analysis import AnalysisPolicy
+from narwhal_models.evidence import AnalysisPolicy
 from workflows.preflight import PreflightError
 
 

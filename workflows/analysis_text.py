@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workflows.analysis import Sample, Side
+from narwhal_models.evidence import Sample, Side
 
 SHOWN = 6  # samples in Current Details (the progress document keeps more)
 

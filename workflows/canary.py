@@ -37,9 +37,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.evidence import EvidenceActivities
     from activities.router import LifecycleActivities
     from activities.supervisor import SupervisorActivities
-    from workflows.analysis import AnalysisPolicy, EvidenceSnapshot, Tally, TallyState, judge, window
-    from workflows.analysis_text import verdict_line
-    from workflows.models import (
+    from narwhal_models.evidence import AnalysisPolicy, EvidenceSnapshot
+    from narwhal_models.restart import (
         ConfirmRequest,
         DrainRequest,
         EngineTarget,
@@ -49,6 +48,8 @@ with workflow.unsafe.imports_passed_through():
         RollbackRequest,
         RunState,
     )
+    from workflows.analysis import Tally, TallyState, judge, window
+    from workflows.analysis_text import verdict_line
     from workflows.steps import cause_message
 
 MAX_SAMPLES = 60  # samples kept in the progress document (Current Details shows the last few)

@@ -47,6 +47,18 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from narwhal_models.restart import (
+    EngineProgress,
+    OperatorAnswer,
+    OperatorRequest,
+    RestartPlan,
+    RestartProgress,
+    RestartResult,
+    RouterRef,
+    SupervisorRef,
+    Timing,
+    fleet_workflow_id,
+)
 from router import telemetry
 from workflows.analysis_file import policy_summary, read_policy
 from workflows.analysis_text import verdict_line
@@ -70,18 +82,6 @@ from workflows.details import (
     progress_line,
     utc_datetime,
     utc_time,
-)
-from workflows.models import (
-    EngineProgress,
-    OperatorAnswer,
-    OperatorRequest,
-    RestartPlan,
-    RestartProgress,
-    RestartResult,
-    RouterRef,
-    SupervisorRef,
-    Timing,
-    fleet_workflow_id,
 )
 from workflows.outcome import failure_line, failure_result
 from workflows.preflight import PreflightError, StartRequest, preflight

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-from workflows.models import FINAL_STEPS, EngineProgress, OperatorEvent
+from narwhal_models.restart import FINAL_STEPS, EngineProgress, OperatorEvent
 
 # Which recorded step durations make up each phase an operator talks about.
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -23,7 +23,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.models import FleetLockInput
+    from narwhal_models.restart import FleetLockInput
 
 
 @workflow.defn(name="FleetLock")

@@ -12,7 +12,7 @@ from typing import Any
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError, FailureError
 
-from workflows.models import RestartResult
+from narwhal_models.restart import RestartResult
 
 
 def failure_result(exc: WorkflowFailureError) -> RestartResult | None:

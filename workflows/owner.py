@@ -22,9 +22,7 @@ from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from activities.errors import NON_RETRYABLE
     from activities.preflight import PreflightActivities, fleet_lock_owner
-    from workflows.details import outcome_words
-    from workflows.fleet_lock import FleetLock
-    from workflows.models import (
+    from narwhal_models.restart import (
         EngineProgress,
         FleetLockInput,
         FleetView,
@@ -33,6 +31,8 @@ with workflow.unsafe.imports_passed_through():
         RestartPlan,
         RestartResult,
     )
+    from workflows.details import outcome_words
+    from workflows.fleet_lock import FleetLock
     from workflows.steps import cause_message
 
 # workflow.patched id: preflight from the worker + fleet lock first; run status = outcome at the end

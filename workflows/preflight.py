@@ -26,8 +26,8 @@ from activities.documents import (
     target_urls,
 )
 from activities.router import NOT_CONTROLLING, holder_hint, view_of
+from narwhal_models.restart import DeadlinePolicy, FleetView, RestartMode, SupervisorBackend, fleet_slug
 from router.ids import UnsafeValue, check_engine_id, check_engine_url
-from workflows.models import DeadlinePolicy, FleetView, RestartMode, SupervisorBackend, fleet_slug
 
 
 class PreflightError(Exception):

@@ -19,13 +19,7 @@ from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedErro
 with workflow.unsafe.imports_passed_through():
     from activities.documents import KNOWN_ROLES
     from activities.router import LifecycleActivities
-    from workflows.analysis import baseline_of
-    from workflows.analysis_text import analysis_table
-    from workflows.canary import CanaryAnalysis
-    from workflows.details import render
-    from workflows.fleet_lock import FleetLock
-    from workflows.floors import floor_breach
-    from workflows.models import (
+    from narwhal_models.restart import (
         FINAL_STEPS,
         WAITING_FOR_OPERATOR,
         Decision,
@@ -43,6 +37,12 @@ with workflow.unsafe.imports_passed_through():
         engine_workflow_id,
         fleet_workflow_id,
     )
+    from workflows.analysis import baseline_of
+    from workflows.analysis_text import analysis_table
+    from workflows.canary import CanaryAnalysis
+    from workflows.details import render
+    from workflows.fleet_lock import FleetLock
+    from workflows.floors import floor_breach
     from workflows.owner import FleetOwner, run_outcome
     from workflows.steps import (
         ABORTABLE,

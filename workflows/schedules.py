@@ -29,8 +29,8 @@ from temporalio.client import (
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
+from narwhal_models.restart import RestartPlan, fleet_slug, fleet_workflow_id
 from workflows.client import connect, ensure_search_attributes, security
-from workflows.models import RestartPlan, fleet_slug, fleet_workflow_id
 from workflows.preflight import PreflightError
 from workflows.steps import FLEET_KEY, STATE_KEY
 

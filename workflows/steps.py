@@ -26,8 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.errors import NON_RETRYABLE
     from activities.router import LifecycleActivities
     from activities.supervisor import SupervisorActivities
-    from workflows.details import render
-    from workflows.models import (
+    from narwhal_models.restart import (
         FINAL_STEPS,
         WAITING_FOR_OPERATOR,
         ConfirmRequest,
@@ -49,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         SupervisorRef,
         Timing,
     )
+    from workflows.details import render
 
 FLEET_KEY = SearchAttributeKey.for_keyword("NarwhalFleet")
 STATE_KEY = SearchAttributeKey.for_keyword("NarwhalState")

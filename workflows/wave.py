@@ -14,8 +14,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.router import LifecycleActivities
-    from workflows.details import render
-    from workflows.models import (
+    from narwhal_models.restart import (
         EngineProgress,
         LaunchReport,
         OperatorAnswer,
@@ -25,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         RestartResult,
         RunState,
     )
+    from workflows.details import render
     from workflows.owner import FleetOwner, run_outcome
     from workflows.steps import FLEET_KEY, RunbookSteps
 

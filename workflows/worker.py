@@ -11,7 +11,7 @@ down gracefully (running activities get ``--grace`` seconds, then are retried by
 A worker that dies without that (SIGKILL) leaves the workflow tasks handed to its sticky queue: they
 go back to the task queue after ``--sticky-timeout`` seconds (10, the SDK's default).
 The routers this worker may call, their control tokens and the command templates it may run are
-its own configuration (workflows/worker_config.py): workflow input only names them.
+its own configuration (activities/worker_config.py): workflow input only names them.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from activities.evidence import EvidenceActivities
 from activities.preflight import PreflightActivities, fleet_lock_owner
 from activities.router import LifecycleActivities, LifecycleClient
 from activities.supervisor import SupervisorActivities
+from activities.worker_config import WorkerConfigError, WorkerSettings, add_flags, flag_overrides
 from router import telemetry
 from router.logs import setup_logging
 from workflows.client import (
@@ -47,7 +48,6 @@ from workflows.client import (
     security,
 )
 from workflows.restart import EngineRestart, FleetLock, RollingRestart, WaveRestart
-from workflows.worker_config import WorkerConfigError, WorkerSettings, add_flags, flag_overrides
 
 log = logging.getLogger("narwhal.worker")
 SERVICE_NAME = "narwhal-worker"

@@ -12,7 +12,6 @@ ever served for the process that was bound, verified live in the same request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -28,6 +27,7 @@ from aiohttp import web
 from fleet.attest import proc
 from fleet.attest.binding import Observation, attestation_for, bind_problem, change_problem
 from router.engines.identity import ProcessStartError, read_process_start
+from router.tasks import Tasks
 
 log = logging.getLogger("narwhal.attest")
 _JSON = "application/json"
@@ -124,7 +124,7 @@ class Sidecar:
         self.status = "unbound"
         self.reason = f"binding to the engine at {settings.engine_url} has not finished"
         self.bind_attempts = 0
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Tasks(log)
 
     # -- binding ------------------------------------------------------------------------------
     async def try_bind(self) -> bool:
@@ -205,13 +205,10 @@ class Sidecar:
         return app
 
     async def _on_startup(self, _: web.Application) -> None:
-        self._task = asyncio.create_task(self._bind_loop(), name="narwhal-attest-bind")
+        self._tasks.spawn(self._bind_loop(), "narwhal-attest-bind")
 
     async def _on_cleanup(self, _: web.Application) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._tasks.stop()
         await self.reader.close()
 
     @staticmethod

@@ -20,7 +20,7 @@ import aiohttp
 import httpx
 
 from fleet.chaos.stack import ChaosStack
-from fleet.testing.streams import RequestFailed, completion_body, new_session, pct, stream_completion
+from fleet.chaos.streams import RequestFailed, completion_body, new_session, pct, stream_completion
 
 NAMESPACE = "default"
 HOLD_STATES = frozenset({"draining", "drained", "deadline_exceeded", "validating", "blocked"})
@@ -225,8 +225,8 @@ class Drill:
     async def wait_workflow(self, wid: str) -> dict[str, Any]:
         from temporalio.client import WorkflowFailureError
 
+        from narwhal_models.restart import RestartResult
         from workflows.client import connect
-        from workflows.models import RestartResult
 
         hard = self.a.duration + self.a.tail
         while self.now() < hard:

@@ -13,8 +13,7 @@ from typing import Any
 import httpx
 
 from fleet.procs import Child, stop_pid
-from fleet.testing.procs import free_port
-from fleet.up.ports import Ports, port_free
+from fleet.up.ports import Ports, free_port, port_free
 from fleet.up.stack import Stack as UpStack
 from fleet.up.stack import Timings as UpTimings
 from fleet.up.stack import together

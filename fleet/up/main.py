@@ -388,8 +388,8 @@ async def run_restart(stack: Stack, args: argparse.Namespace, summary: Summary) 
     from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
     from temporalio.service import RPCError
 
+    from narwhal_models.restart import RestartProgress, RestartResult, fleet_workflow_id
     from workflows.client import connect
-    from workflows.models import RestartProgress, RestartResult, fleet_workflow_id
     from workflows.outcome import failure_line, failure_result
 
     wid = fleet_workflow_id(stack.fleet_name)

@@ -8,7 +8,10 @@ Nothing is started before ``busy_ports`` found every port bindable on the host.
 from __future__ import annotations
 
 import errno
+import os
+import random
 import socket
+import time
 from dataclasses import dataclass, fields
 
 # field -> (default port, offset from --base-port, flag)
@@ -104,3 +107,46 @@ def port_problems(ports: Ports, host: str = "127.0.0.1") -> list[str]:
         if not port_free(port, host):
             problems.append(f"{what} port {port} is in use; pass {flag} N or --base-port N")
     return problems
+
+
+# -- free ports for a stack on free loopback ports (the chaos drill, tests, benchmarks) -----------
+
+_handed_out: set[int] = set()
+_rng = random.Random(os.getpid() ^ time.monotonic_ns())
+
+
+def _port_range() -> tuple[int, int]:
+    """20000-32000, or this pytest-xdist worker's own slice of it (``gw0`` … ``gwN``).
+
+    Parallel test workers are separate processes that cannot see each other's handed-out ports;
+    a disjoint slice each means one worker never picks a port another has picked and not yet bound.
+    """
+    low, high = 20000, 32000
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or "1")
+    if worker.startswith("gw") and worker[2:].isdigit() and count > 1:
+        width = (high - low) // count
+        low += int(worker[2:]) * width
+        high = low + width
+    return low, high
+
+
+def free_port() -> int:
+    """A free loopback port below the kernel's ephemeral range (32768+), never handed out twice.
+
+    Ports from the ephemeral range can be taken by any outgoing connection between the moment a
+    test picks one and the moment its server binds it; ports below that range cannot.
+    """
+    low, high = _port_range()
+    for _ in range(200):
+        port = _rng.randrange(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port found in {low}-{high}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,6 +13,9 @@ from typing import Any
 import httpx
 
 from fleet.up.summary import Takeover
+from router.tasks import Tasks
+
+log = logging.getLogger("narwhal.up")
 
 RPC_TIMEOUT = timedelta(seconds=5)
 
@@ -37,7 +40,7 @@ class HAWatcher:
     epoch: int | None = None
     takeovers: list[Takeover] = field(default_factory=list)
     on_takeover: Callable[[Takeover], None] | None = None
-    _task: asyncio.Task[None] | None = None
+    _tasks: Tasks = field(default_factory=lambda: Tasks(log), init=False, repr=False)
 
     async def poll_once(self, http: httpx.AsyncClient) -> None:
         for name, url in self.routers.items():
@@ -72,14 +75,10 @@ class HAWatcher:
                 await asyncio.sleep(self.interval_s)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self.run(), name="narwhal-up-ha-watcher")
+        self._tasks.spawn(self.run(), "narwhal-up-ha-watcher")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._tasks.stop()
 
 
 def progress_lines(progress: Any, shown: dict[str, str]) -> list[str]:

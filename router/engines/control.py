@@ -1,9 +1,15 @@
-"""Control-plane engine calls for the lifecycle (spec §6.3, §6.4): one shared httpx client.
+"""The router's one engine-control client (spec §6.3, §6.4): one shared httpx client.
+
+Every control-plane call the router makes to an engine goes through here — the lifecycle's
+readmission checks and monitor, the breaker's recovery probe (router/probes.py), the learned
+context length (router/context_limits.py) and active-active adoption (router/replicas/wiring.py);
+``assemble`` builds one ``EngineControl`` and hands it to each. (Client traffic and the breaker's
+fabric probe go over the data-plane legs, router/engines/legs.py.)
 
 Health, live identity (``/version`` + ``/metrics`` process start), attestation, model list, a direct
 generation and the fabric (prefill → descriptor → decode) check. Every call raises on failure so
 the caller can name the exception (``process identity unreadable: ConnectError``); only ``health``
-answers a bool. Timeouts come from ``engine.health_timeout_s`` (control reads),
+answers a bool (and ``generation_ok``, the breaker's form of ``generate``). Timeouts come from ``engine.health_timeout_s`` (control reads),
 ``serving.prefill_timeout_s`` (generation, prefill leg) and the decode first-token/read bounds.
 """
 
@@ -195,7 +201,8 @@ class EngineControl:
         return None
 
     # -- generation -------------------------------------------------------------------------
-    async def generate(self, iid: str) -> None:
+    async def generate(self, iid: str, request_id: str = "") -> None:
+        """A direct 1-token generation: raises unless 200 with a non-empty ``choices`` list."""
         body = {
             "model": self.config.model,
             "prompt": GENERATION_PROMPT,
@@ -209,7 +216,7 @@ class EngineControl:
             headers={
                 **self.headers,
                 "content-type": "application/json",
-                "x-request-id": f"narwhal-gen-{iid}",
+                "x-request-id": request_id or f"narwhal-gen-{iid}",
             },
             timeout=self.prefill_timeout,
         )
@@ -217,6 +224,14 @@ class EngineControl:
         choices = doc.get("choices") if isinstance(doc, dict) else None
         if not isinstance(choices, list) or not choices:
             raise EngineAnswerError("generation answered no choices")
+
+    async def generation_ok(self, iid: str, request_id: str = "") -> bool:
+        """``generate`` as a yes/no: False on any transport failure or unusable answer."""
+        try:
+            await self.generate(iid, request_id)
+        except (httpx.HTTPError, EngineAnswerError):
+            return False
+        return True
 
     async def fabric_prefill(self, src: str) -> dict[str, Any]:
         """Prefill leg on the producer; returns its KV descriptor."""

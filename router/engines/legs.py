@@ -1,15 +1,16 @@
 """Data-plane engine client (vLLM dialect, NIXL descriptor hand-off, spec §11.3).
 
-One shared ``aiohttp.ClientSession`` (pooled keep-alive connections, limit
-``serving.max_connections``) for the prefill and decode legs, and a small separate session for
-probes so a saturated data plane never starves health checks. Failures are raised as
-:class:`LegFailure`, classified for the breaker (spec §9.1).
+The prefill and decode legs go over the router's own keep-alive pool (``engines/wire.py``; at
+most ``serving.max_connections`` connections kept open). Health checks and the direct generation
+probe go through the engine-control client (router/engines/control.py, its own connection pool),
+so a saturated data plane never starves them. Failures are raised as :class:`LegFailure`,
+classified for the breaker (spec §9.1).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
 import ssl
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from router.engines.wire import (
     WireError,
 )
 from router.serving.params import PREFILL_DROP  # client fields the prefill leg never gets (§11.3)
+from router.tasks import Tasks
 
 _JSON = "application/json"
 _CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
@@ -265,16 +267,16 @@ class _Target:
 
 
 class EngineClient:
-    """Engine legs over the router's own keep-alive pool (``engines/wire.py``), probes over aiohttp.
+    """Engine legs over the router's own keep-alive pool (``engines/wire.py``).
 
     A router component (no routes). The leg requests are built from a per-(engine, path) template;
     decode streams are watched by one task (``decode_read_timeout_s`` between body bytes) instead of
     a timer per read.
     """
 
-    def __init__(self, config: FleetConfig, max_connections: int | None = None) -> None:
+    def __init__(self, config: FleetConfig) -> None:
         self.config = config
-        self.max_connections = max_connections or config.serving.max_connections
+        self.max_connections = config.serving.max_connections  # the pool's open-connection bound
         self.headers: dict[str, str] = {"content-type": _JSON}
         key_env = config.engine.engine_api_key_env
         if key_env and os.environ.get(key_env):
@@ -283,15 +285,10 @@ class EngineClient:
         self.prefill_timeout_s = srv.prefill_timeout_s
         self.decode_read_timeout_s = eng.decode_read_timeout_s
         self.max_response_bytes = srv.max_response_bytes
-        self.prefill_timeout = aiohttp.ClientTimeout(
-            total=srv.prefill_timeout_s, sock_connect=eng.health_timeout_s
-        )
-        self.health_timeout = aiohttp.ClientTimeout(total=eng.health_timeout_s)
-        self.pool = EnginePool(connect_timeout=eng.health_timeout_s)
+        self.pool = EnginePool(connect_timeout=eng.health_timeout_s, max_open=self.max_connections)
         self._targets: dict[tuple[str, str], _Target] = {}
         self._watched: set[Response] = set()  # legs in flight (the watchdog's list)
-        self._watchdog: asyncio.Task[None] | None = None
-        self._control: aiohttp.ClientSession | None = None
+        self._tasks = Tasks(logging.getLogger("narwhal.engines"))  # the stream watchdog
         self._ssl: ssl.SSLContext | None = None
         self.traced = False  # OpenTelemetry CLIENT span + traceparent per leg (set at start)
 
@@ -300,39 +297,13 @@ class EngineClient:
         return None
 
     async def start(self) -> None:
-        if self._control is None:
-            self._control = self._new_session(32)
-            self._watchdog = asyncio.create_task(self._watch_streams())
+        if not self._tasks.running:
+            self._tasks.spawn(self._watch_streams(), "narwhal-leg-watchdog")
             self.traced = telemetry.tracing_installed()
 
     async def stop(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watchdog
-            self._watchdog = None
-        if self._control is not None:
-            await self._control.close()
-        self._control = None
+        await self._tasks.stop()
         self.pool.close()
-
-    @staticmethod
-    def _new_session(limit: int) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=60.0)
-        # No Accept-Encoding: bodies are read as they come (auto_decompress=False), so an engine
-        # must not compress them; fewer auto headers is also less work per call.
-        return aiohttp.ClientSession(
-            connector=connector,
-            cookie_jar=aiohttp.DummyCookieJar(),  # engines' cookies are never sent back
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
-        )
-
-    @property
-    def control(self) -> aiohttp.ClientSession:
-        if self._control is None:
-            raise RuntimeError("engine client not started")
-        return self._control
 
     def _headers(self, xrid: str) -> dict[str, str]:
         h = self.headers.copy()
@@ -522,35 +493,6 @@ class EngineClient:
                     resp.fail(DeadlineExceeded("engine leg deadline passed"))
                 elif resp.idle_limit and resp.conn.reading and now - resp.last_rx > resp.idle_limit:
                     resp.fail(TimeoutError("decode read timed out"))
-
-    # -- probes -----------------------------------------------------------------------------
-    async def health(self, url: str) -> bool:
-        try:
-            async with self.control.get(url + "/health", timeout=self.health_timeout) as resp:
-                await resp.read()
-                return resp.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
-
-    async def generate_one(self, url: str) -> bool:
-        """A direct 1-token generation: 200 with a non-empty ``choices`` list."""
-        body = orjson.dumps(
-            {"model": self.config.model, "prompt": "narwhal probe", "max_tokens": 1, "temperature": 0.0}
-        )
-        try:
-            async with self.control.post(
-                url + "/v1/completions",
-                data=body,
-                headers=self._headers("narwhal-probe"),
-                timeout=self.prefill_timeout,
-            ) as resp:
-                raw = await resp.read()
-                if resp.status != 200:
-                    return False
-            doc = orjson.loads(raw)
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
-            return False
-        return isinstance(doc, dict) and isinstance(doc.get("choices"), list) and bool(doc["choices"])
 
 
 class DecodeStream:

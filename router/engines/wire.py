@@ -455,11 +455,16 @@ class EngineConnection(asyncio.Protocol):
 
 
 class EnginePool:
-    """Idle keep-alive connections per engine address; new ones are made on demand."""
+    """Idle keep-alive connections per engine address; new ones are made on demand (a leg never
+    waits for a connection). At most ``max_open`` connections to all engines stay open
+    (``serving.max_connections``): one finished while more are open is closed, not kept idle."""
 
-    def __init__(self, connect_timeout: float, max_idle_per_engine: int = 1024) -> None:
+    def __init__(
+        self, connect_timeout: float, max_idle_per_engine: int = 1024, max_open: int | None = None
+    ) -> None:
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle_per_engine
+        self.max_open = max_open
         self._idle: dict[tuple[str, int], list[EngineConnection]] = {}
         self._all: set[EngineConnection] = set()
 
@@ -489,11 +494,15 @@ class EnginePool:
 
     def put(self, conn: EngineConnection) -> None:
         idle = self._idle.setdefault(conn.key, [])
-        if len(idle) >= self.max_idle:
+        if len(idle) >= self.max_idle or (self.max_open is not None and len(self._all) > self.max_open):
             conn.abort()
             return
         conn.reused = False
         idle.append(conn)
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._all)
 
     def forget(self, conn: EngineConnection) -> None:
         self._all.discard(conn)

@@ -17,15 +17,17 @@ class LeaseView(Protocol):
     @property
     def holder(self) -> str: ...
 
-    def valid(self) -> bool: ...
-
-
-class PlacementGate(Protocol):
-    """Active-active: whether this replica may place new work, whoever controls the fleet."""
-
-    def placement_reason(self) -> str:
-        """Why new placement is refused right now; "" = this replica may serve."""
+    @property
+    def problem(self) -> str:
+        """Damage found in the lease record now ("" = none)."""
         ...
+
+    @property
+    def recovered(self) -> str:
+        """What the last recovery of a damaged lease record did ("" = none)."""
+        ...
+
+    def valid(self) -> bool: ...
 
 
 class ControlState:
@@ -33,8 +35,6 @@ class ControlState:
         self.lease = lease
         self.standby = standby
         self.failover_blocked = ""  # non-empty: fenced, with the reason
-        # active-active (router/replicas): serving follows this gate, not control of the fleet
-        self.replica: PlacementGate | None = None
 
     def controls_fleet(self) -> bool:
         return not self.standby and not self.failover_blocked and (self.lease is None or self.lease.valid())

@@ -1,6 +1,7 @@
 """The etcd lease backend: holder key on an etcd lease, epoch counter, fenced handoff writes.
 
-Keys under the prefix (default ``/narwhal/<model>/``; see docs/ha.md):
+Keys under the prefix (default ``/narwhal/<model>/``; the layout and the holder document are
+``router/ha/etcd_keys.py``'s; see docs/ha.md):
 
 - ``<prefix>holder`` — ``narwhal.etcd-holder`` v1 (holder token, epoch, router id), attached to an
   etcd lease with the configured TTL: it vanishes when the holder stops renewing.
@@ -28,9 +29,6 @@ import json
 import logging
 import math
 from dataclasses import dataclass
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from router.clock import Clock, SystemClock
 from router.ha.etcd_client import (
@@ -42,86 +40,21 @@ from router.ha.etcd_client import (
     op_put,
     op_range,
 )
-from router.ha.handoff import Handoff, HandoffError, validate
+
+# the key layout and the documents (``EtcdKeyRefused``, ``check_prefix``, ``default_prefix``: re-exported)
+from router.ha.etcd_keys import HOLDER_SCHEMA as HOLDER_SCHEMA
+from router.ha.etcd_keys import EtcdKeyRefused as EtcdKeyRefused
+from router.ha.etcd_keys import EtcdKeys, HolderDoc, parse_epoch, parse_handoff, parse_holder
+from router.ha.etcd_keys import check_prefix as check_prefix
+from router.ha.etcd_keys import default_prefix as default_prefix
+from router.ha.handoff import Handoff, validate
 from router.ha.lease import LeaseError, LeaseRecord, new_holder
 
 log = logging.getLogger("narwhal.ha.etcd")
-HOLDER_SCHEMA = "narwhal.etcd-holder"
-
-
-class EtcdKeyRefused(LeaseError):
-    """A key under the prefix holds a document this router did not write and will not touch."""
 
 
 class FencedWriteFailed(LeaseError):
     """The handoff transaction did not commit (lease lost, key changed, or etcd unreachable)."""
-
-
-class HolderDoc(BaseModel):
-    """``narwhal.etcd-holder`` v1: the value of ``<prefix>holder``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    schema_: Literal["narwhal.etcd-holder"] = Field(default="narwhal.etcd-holder", alias="schema")
-    schema_version: Literal[1] = 1
-    holder: StrictStr = Field(min_length=1)
-    epoch: StrictInt = Field(ge=1)
-    router_id: StrictStr
-    claimed_at: float
-
-    def encode(self) -> bytes:
-        return json.dumps(self.model_dump(by_alias=True), sort_keys=True).encode()
-
-
-def default_prefix(model: str) -> str:
-    """``/narwhal/<model>/`` with the model name made key-safe."""
-    safe = "".join(c if c.isalnum() or c in "-_.:" else "_" for c in model) or "model"
-    return f"/narwhal/{safe}/"
-
-
-def check_prefix(prefix: str) -> str:
-    if not prefix.startswith("/") or not prefix.endswith("/") or "//" in prefix:
-        raise ValueError(f"etcd prefix {prefix!r} must start and end with '/' (e.g. /narwhal/<model>/)")
-    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in prefix):
-        raise ValueError(f"etcd prefix {prefix!r} must not contain spaces or control characters")
-    return prefix
-
-
-def parse_holder(kv: KeyValue) -> HolderDoc:
-    try:
-        return HolderDoc.model_validate_json(kv.value)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "document"
-        raise EtcdKeyRefused(
-            f"etcd key {kv.key.decode(errors='replace')} holds a foreign or torn document "
-            f"({where}: {first['msg']}); not touched"
-        ) from None
-
-
-def parse_epoch(kv: KeyValue | None) -> int:
-    if kv is None:
-        return 0
-    text = kv.value.decode("ascii", errors="replace").strip()
-    if not text.isdigit() or int(text) < 1:
-        raise EtcdKeyRefused(
-            f"etcd key {kv.key.decode(errors='replace')} holds {text[:40]!r}, not an epoch counter; not touched"
-        )
-    return int(text)
-
-
-def parse_handoff(kv: KeyValue, model: str) -> Handoff:
-    """The stored handoff; ``EtcdKeyRefused`` for a foreign, torn or other-model document."""
-    name = kv.key.decode(errors="replace")
-    try:
-        doc = validate(json.loads(kv.value.decode("utf-8")))
-    except (UnicodeDecodeError, ValueError, HandoffError) as exc:
-        raise EtcdKeyRefused(
-            f"etcd key {name} holds a foreign or torn document ({exc}); not touched"
-        ) from None
-    if doc.model != model:
-        raise EtcdKeyRefused(f"etcd key {name} holds the handoff of model {doc.model!r}, not {model!r}")
-    return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +70,9 @@ class EtcdLeaseSettings:
 class EtcdLease:
     """One process's holder token on etcd (``router.ha.lease_backend.ControlLease``)."""
 
-    reclaims = True  # after losing control to an etcd outage, claim again once etcd answers
+    # ControlLease.contends: after losing control (an etcd outage, a live holder) claim again once
+    # the holder key is vacant, instead of staying fenced for good
+    contends = True
 
     def __init__(
         self,
@@ -150,10 +85,10 @@ class EtcdLease:
         self.client = client
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.holder = holder if holder is not None else new_holder(settings.router_id)
-        prefix = check_prefix(settings.prefix).encode()
-        self.holder_key = prefix + b"holder"
-        self.epoch_key = prefix + b"epoch"
-        self.handoff_key = prefix + b"handoff"
+        self.keys = EtcdKeys(check_prefix(settings.prefix))
+        self.holder_key = self.keys.holder
+        self.epoch_key = self.keys.epoch
+        self.handoff_key = self.keys.handoff
         self.owned = False
         self.verified = False  # False after a fenced write failed, until a renewal re-reads the key
         self.epoch = 0

@@ -47,7 +47,7 @@ class LeaseKeeper:
         self.reclaims = 0
         # etcd: a router that finds the lease held elsewhere keeps contending (a watch on the
         # holder key) instead of staying fenced for good (the file lease keeps the peer rule)
-        self.contends = bool(getattr(self.lease, "reclaims", False))
+        self.contends = self.lease.contends  # ControlLease protocol member (file: False, etcd: True)
         self._recovered_logged = ""
         self.clock: Clock = clock if clock is not None else SystemClock()
         self._held_at_start: LeaseRecord | None = None  # file lease: the record being waited out

@@ -1,7 +1,7 @@
 """The lease-backend seam: what the HA service, the keeper and the standby need of a lease.
 
 ``ControlLease`` is the async face of a lease (claim / renew / release / peek, plus the monotonic
-``valid()`` and what the keeper reads: ``problem``, ``recovered``, ``previous_epoch``); the pure
+``valid()`` and what the keeper reads: ``problem``, ``recovered``, ``previous_epoch``, ``contends``); the pure
 rules stay in ``router/ha/lease.py``. ``renew`` returns False on a *real* loss and raises
 ``LeaseError`` when the store could not be reached (retried within local validity).
 
@@ -30,6 +30,12 @@ from router.ha.settings import HARuntime
 
 class ControlLease(Protocol):
     owned: bool
+
+    @property
+    def contends(self) -> bool:
+        """True (etcd): a router that lost the lease, or found it held, keeps contending for it
+        (``wait_vacant``); False (file lease): fenced for good, the peer rule."""
+        ...
 
     @property
     def holder(self) -> str: ...
@@ -67,6 +73,8 @@ class ControlLease(Protocol):
 
 class FileLease:
     """The file lease behind the async seam (every store access runs in a worker thread)."""
+
+    contends = False  # the peer rule: a live holder fences this router for good
 
     def __init__(self, lease: Lease) -> None:
         self.lease = lease

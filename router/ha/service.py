@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
+from router.control_mode import ControlMode
 from router.core import RouterCore
 from router.ha import statefile
 from router.ha.handoff import Handoff
@@ -110,15 +111,16 @@ class HAService:
         lifecycle: LifecycleView | None = None,
         breaker: ProbeSchedule | None = None,
         monitor: MonitorView | None = None,
+        mode: ControlMode | None = None,
     ) -> None:
         self.core = core
         self.settings = settings
         self.lifecycle = lifecycle
         self.monitor = monitor
         self.handover = Handover(core, lifecycle, breaker)
-        # active-active (router/replicas): a claim after another holder adopts only the lifecycle
-        # (counters and breaker evidence stay each replica's own); None = the whole handoff
-        self.adopt: Callable[[Handoff], tuple[bool, str]] | None = None
+        # what a claim after another holder takes of its handoff (router/control_mode.py):
+        # active-passive the whole handoff, active-active the lifecycle only
+        self.mode: ControlMode = mode if mode is not None else core.mode
         # the configured backend (router/ha/lease_backend.py): file lease, etcd, or none
         built_lease, built_shared, self.etcd_client = build_backend(settings, core.clock)
         self.lease: ControlLease | None = as_control_lease(lease) if lease is not None else built_lease
@@ -210,7 +212,7 @@ class HAService:
                 return ""
         elif found.doc is None or found.doc.epoch <= previous_epoch:
             return ""
-        applied, why = (self.adopt or self.handover.apply)(found.doc)
+        applied, why = self.mode.adopt(found.doc, self.handover.apply)
         if not applied:
             return f"lease claimed again, but the newer handoff was not applied: {why}"
         log.warning("lease claimed again: %s", why)

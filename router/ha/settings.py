@@ -1,7 +1,8 @@
 """HA runtime settings: the fleet file's ``ha`` / ``recovery`` keys overridden by narwhal-serve flags.
 
-``add_arguments`` + ``from_options`` are the CLI seam (``router/cli.py``, ``router/assemble.py``); ``HARuntime``
-validates itself, so ``create_app``-style callers that build it directly are checked the same way.
+``add_arguments`` (the flags) and ``from_options`` (the typed ``RouterOptions`` over the fleet file,
+called once by ``router/settings.py``) are the CLI seam; ``HARuntime`` validates itself, so callers
+that build it directly are checked the same way.
 Non-finite values are refused before anything touches a file.
 """
 
@@ -12,20 +13,17 @@ import math
 import os
 import socket
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 from router.config import FleetConfig, check_lease_timing
 from router.ha.etcd_client import EtcdSecurity, parse_endpoints
 from router.ha.etcd_lease import EtcdLeaseSettings, check_prefix, default_prefix
 from router.ha.lease import LeaseSettings
 
-# float flag -> HASettings / HARuntime field; all also settable in the fleet file's ``ha`` section
-FLOAT_FLAGS: dict[str, str] = {
-    "lease-ttl": "lease_ttl_s",
-    "lease-renew-interval": "lease_renew_interval_s",
-    "lease-safety-margin": "lease_safety_margin_s",
-    "standby-probe-interval": "standby_probe_interval_s",
-    "standby-max-handoff-age": "standby_max_handoff_age_s",
-}
+if TYPE_CHECKING:
+    from router.options import RouterOptions
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -141,31 +139,9 @@ class HARuntime:
         )
 
 
-def from_config(config: FleetConfig, port: int = 8000, **overrides: object) -> HARuntime:
-    ha = config.ha
-    values: dict[str, object] = {
-        "state_path": config.recovery.state_path,
-        "resume": config.recovery.resume,
-        "lease_path": ha.lease_path,
-        "etcd_endpoints": ha.etcd_endpoints,
-        "etcd_prefix": ha.etcd_prefix,
-        "etcd_cacert": ha.etcd_cacert,
-        "etcd_cert": ha.etcd_cert,
-        "etcd_key": ha.etcd_key,
-        "etcd_user": ha.etcd_user,
-        "etcd_password_env": ha.etcd_password_env,
-        "model": config.model,
-        "router_id": ha.router_id or f"{socket.gethostname()}:{port}",
-        "lease_ttl_s": ha.lease_ttl_s,
-        "lease_renew_interval_s": ha.lease_renew_interval_s,
-        "lease_safety_margin_s": ha.lease_safety_margin_s,
-        "standby_probe_interval_s": ha.standby_probe_interval_s,
-        "standby_takeover_after": ha.standby_takeover_after,
-        "standby_max_handoff_age_s": ha.standby_max_handoff_age_s,
-        "persist_interval_s": config.controller.monitor_interval_s,
-    }
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return HARuntime(**values)  # type: ignore[arg-type]
+def _pick(flag: T | None, file: T) -> T:
+    """A flag's value when it was given, else the fleet file's."""
+    return file if flag is None else flag
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -207,62 +183,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-ETCD_SECURITY_FIELDS = ("etcd_cacert", "etcd_cert", "etcd_key", "etcd_user", "etcd_password_env")
-
-# RouterOptions field (= argparse dest) for each flag; the same names on any options object
-OPTION_FIELDS: tuple[str, ...] = (
-    "resume",
-    "lease_path",
-    "etcd_endpoints",
-    "etcd_prefix",
-    "etcd_cacert",
-    "etcd_cert",
-    "etcd_key",
-    "etcd_user",
-    "etcd_password_env",
-    "router_id",
-    "lease_ttl",
-    "lease_renew_interval",
-    "lease_safety_margin",
-    "standby_of",
-    "standby_probe_interval",
-    "standby_takeover_after",
-    "standby_max_handoff_age",
-)
-
-
-def check_options(options: object) -> None:
+def check_options(options: RouterOptions) -> None:
     """Flag errors that need no fleet file (CLI exit 2): non-finite numbers, bad counts."""
-    for flag in FLOAT_FLAGS:
-        v = getattr(options, flag.replace("-", "_"), None)
+    floats = {
+        "lease-ttl": options.lease_ttl,
+        "lease-renew-interval": options.lease_renew_interval,
+        "lease-safety-margin": options.lease_safety_margin,
+        "standby-probe-interval": options.standby_probe_interval,
+        "standby-max-handoff-age": options.standby_max_handoff_age,
+    }
+    for flag, v in floats.items():
         if v is not None and not math.isfinite(v):
             raise ValueError(f"--{flag} must be finite")
-    if getattr(options, "lease_path", None) and getattr(options, "etcd_endpoints", None):
+    if options.lease_path and options.etcd_endpoints:
         raise ValueError("--lease-path and --etcd-endpoints are mutually exclusive: choose one lease backend")
-    endpoints = getattr(options, "etcd_endpoints", None)
-    if endpoints is not None:
+    if options.etcd_endpoints is not None:
         try:
-            parse_endpoints(endpoints)
+            parse_endpoints(options.etcd_endpoints)
         except ValueError as exc:
             raise ValueError(f"--etcd-endpoints: {exc}") from None
-    n = getattr(options, "standby_takeover_after", None)
+    n = options.standby_takeover_after
     if n is not None and n < 1:
         raise ValueError("--standby-takeover-after must be >= 1")
 
 
-def from_options(config: FleetConfig, options: object, port: int = 8000) -> HARuntime:
-    """Merge flags (argparse namespace or ``RouterOptions``) over the fleet file; ``ValueError``."""
+def from_options(config: FleetConfig, options: RouterOptions, port: int = 8000) -> HARuntime:
+    """The flags over the fleet file's ``ha`` / ``recovery`` keys (``router/settings.py`` calls it
+    once); ``ValueError`` when the result cannot work."""
     check_options(options)
-    overrides: dict[str, object] = {
-        "resume": True if getattr(options, "resume", None) else None,
-        "lease_path": getattr(options, "lease_path", None),
-        "etcd_endpoints": getattr(options, "etcd_endpoints", None),
-        "etcd_prefix": getattr(options, "etcd_prefix", None),
-        **{f: getattr(options, f, None) for f in ETCD_SECURITY_FIELDS},
-        "router_id": getattr(options, "router_id", None),
-        "standby_of": getattr(options, "standby_of", None),
-        "standby_takeover_after": getattr(options, "standby_takeover_after", None),
-    }
-    for flag, field_name in FLOAT_FLAGS.items():
-        overrides[field_name] = getattr(options, flag.replace("-", "_"), None)
-    return from_config(config, port=port, **overrides)
+    ha = config.ha
+    return HARuntime(
+        state_path=config.recovery.state_path,
+        resume=True if options.resume else config.recovery.resume,
+        lease_path=_pick(options.lease_path, ha.lease_path),
+        etcd_endpoints=_pick(options.etcd_endpoints, ha.etcd_endpoints),
+        etcd_prefix=_pick(options.etcd_prefix, ha.etcd_prefix),
+        etcd_cacert=_pick(options.etcd_cacert, ha.etcd_cacert),
+        etcd_cert=_pick(options.etcd_cert, ha.etcd_cert),
+        etcd_key=_pick(options.etcd_key, ha.etcd_key),
+        etcd_user=_pick(options.etcd_user, ha.etcd_user),
+        etcd_password_env=_pick(options.etcd_password_env, ha.etcd_password_env),
+        model=config.model,
+        router_id=_pick(options.router_id, ha.router_id or f"{socket.gethostname()}:{port}"),
+        lease_ttl_s=_pick(options.lease_ttl, ha.lease_ttl_s),
+        lease_renew_interval_s=_pick(options.lease_renew_interval, ha.lease_renew_interval_s),
+        lease_safety_margin_s=_pick(options.lease_safety_margin, ha.lease_safety_margin_s),
+        standby_of=_pick(options.standby_of, ""),  # a flag only
+        standby_probe_interval_s=_pick(options.standby_probe_interval, ha.standby_probe_interval_s),
+        standby_takeover_after=_pick(options.standby_takeover_after, ha.standby_takeover_after),
+        standby_max_handoff_age_s=_pick(options.standby_max_handoff_age, ha.standby_max_handoff_age_s),
+        persist_interval_s=config.controller.monitor_interval_s,
+    )

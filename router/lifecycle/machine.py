@@ -15,7 +15,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from router.clock import Clock
 from router.config import FleetConfig
@@ -59,6 +59,29 @@ class Verdict:
         return not self.errors
 
 
+class Residency(Protocol):
+    """Resident work on an engine and whether it may stop (active-active: ``replicas.picture``)."""
+
+    def resident_total(self, iid: str) -> int: ...
+
+    def stop_gate(self, iid: str) -> bool:
+        """The condition ``ready_to_stop`` needs beyond this router's own lifecycle."""
+        ...
+
+
+class LocalResidency:
+    """One router: the scheduler's own resident work; nothing else gates a stop."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def resident_total(self, iid: str) -> int:
+        return self.scheduler.engines[iid].resident
+
+    def stop_gate(self, iid: str) -> bool:
+        return True
+
+
 class LifecycleMachine:
     def __init__(
         self,
@@ -67,6 +90,7 @@ class LifecycleMachine:
         clock: Clock,
         on_event: Callable[[Event], None] | None = None,
         wave_ids: Callable[[], str] = new_wave_id,
+        residency: Residency | None = None,
     ) -> None:
         self.config = config
         self.scheduler = scheduler
@@ -80,10 +104,9 @@ class LifecycleMachine:
         self.on_readmitted: list[Callable[[str], None]] = []
         # un-ejects a readmitted engine; wiring routes it through the breaker (streaks, counters)
         self.readmit_hook: Callable[[str], object] = scheduler.uneject
-        # resident work on an engine (active-active: summed over every live replica) and the extra
-        # condition ``ready_to_stop`` needs (active-active: every live replica applied the hold)
-        self.resident_of: Callable[[str], int] = lambda iid: scheduler.engines[iid].resident
-        self.stop_gate: Callable[[str], bool] = lambda iid: True
+        # resident work on an engine and the extra condition ``ready_to_stop`` needs: this router's
+        # own (active-active: the replica set's, summed over / applied by every live replica)
+        self.residency: Residency = residency if residency is not None else LocalResidency(scheduler)
         self._wave_ids = wave_ids
         self._deadline_mono: dict[str, float] = {}
         self._wave_announced = ""
@@ -112,7 +135,7 @@ class LifecycleMachine:
         rec = self.records.get(iid)
         if rec is None or rec.old_process_start is None or rec.state != "drained":
             return False
-        if self.resident_of(iid) or not self.stop_gate(iid):
+        if self.residency.resident_total(iid) or not self.residency.stop_gate(iid):
             return False  # never while work is resident, whatever the record says
         return not rec.wave_id or self.wave_ready_to_stop()
 
@@ -243,7 +266,7 @@ class LifecycleMachine:
     def refresh(self, resident_by_engine: Mapping[str, int] | None = None) -> None:
         resident = resident_by_engine
         if resident is None:
-            resident = {iid: self.resident_of(iid) for iid in self.records}
+            resident = {iid: self.residency.resident_total(iid) for iid in self.records}
         mono, wall = self.clock.monotonic(), self.clock.wall()
         for iid in sorted(self.records):
             rec = self.records[iid]

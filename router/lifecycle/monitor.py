@@ -29,7 +29,6 @@ Journal events: ``monitoring_stage_failure``, ``monitoring_degraded``, ``monitor
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from router.engines.identity import same_process
 from router.lifecycle.served_model import check_served_models
 from router.lifecycle.service import LifecycleService
 from router.probes import Prober
+from router.tasks import Tasks
 
 log = logging.getLogger("narwhal.lifecycle.monitor")
 
@@ -107,7 +107,7 @@ class LifecycleMonitor:
         self.verified: dict[str, float] = {}
         self.passes = 0
         self.health = MonitorHealth(cfg.controller.monitor_failure_limit)
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Tasks(log)
         self.stages: list[tuple[str, Stage]] = []  # run after the built-in stages, in order
         core.identities_ready = False  # /ready waits for the startup identity + model check
 
@@ -120,14 +120,10 @@ class LifecycleMonitor:
             self.core.scheduler.on_eject.append(self._on_eject)
         if self.prober is not None and self.contracted:
             self.prober.recovery_validator = self.recover
-        self._task = asyncio.create_task(self._run(), name="narwhal-lifecycle-monitor")
+        self._tasks.spawn(self._run(), "narwhal-lifecycle-monitor")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        await self._tasks.stop()
 
     def add_stage(self, name: str, stage: Stage) -> None:
         """Run ``stage`` in every pass after the built-in ones (once, however often it is added)."""

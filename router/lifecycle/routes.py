@@ -6,6 +6,7 @@ body of the wrong shape is 422 with the document and an ``error`` naming the fie
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,14 +21,16 @@ from router.lifecycle.document import (
     document_schema,
     parse_request,
 )
+from router.tasks import Tasks
 
 if TYPE_CHECKING:
     from router.lifecycle.service import LifecycleService
 
 LIFECYCLE = "/narwhal/lifecycle"
 T = TypeVar("T")
-# Mutations that outlived their HTTP request (strong references keep the tasks alive).
-_detached: set[asyncio.Task[Any]] = set()
+# Mutations that outlived their HTTP request (strong references keep the tasks alive; never
+# cancelled: a mutation runs to its end). Their outcome is the handler's to report.
+_detached = Tasks(logging.getLogger("narwhal.lifecycle"))
 
 
 async def run_to_completion(work: Coroutine[Any, Any, T]) -> T:
@@ -37,9 +40,7 @@ async def run_to_completion(work: Coroutine[Any, Any, T]) -> T:
     would strand its engines (e.g. in ``validating`` for good). The mutation runs as its own task
     and finishes — recording its outcome in the lifecycle — whether or not anyone reads the answer.
     """
-    task = asyncio.ensure_future(work)
-    _detached.add(task)
-    task.add_done_callback(_detached.discard)
+    task = _detached.spawn(work, "narwhal-lifecycle-mutation", crash_log=False)
     return await asyncio.shield(task)
 
 

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from router.core import RouterCore
@@ -46,18 +46,19 @@ class LifecycleService:
         core: RouterCore,
         control: EngineControl | None = None,
         eject: Callable[[str, str], object] | None = None,
+        replicas: ReplicaPicture | None = None,
     ) -> None:
         self.core = core
         self._owns_control = control is None
         self.control = control or EngineControl(core.config)
         self.control.builds = core.engine_builds
-        self.machine = LifecycleMachine(core.config, core.scheduler, core.clock, on_event=core.journal.append)
+        self.machine = LifecycleMachine(
+            core.config, core.scheduler, core.clock, on_event=core.journal.append, residency=replicas
+        )
         self.readmission = Readmission(core.config, core.scheduler, self.machine, self.control, eject=eject)
         self.lock = asyncio.Lock()
         self.persist_hooks: list[PersistHook] = []  # HA: write the handoff after lifecycle POSTs
-        self.replicas: ReplicaPicture | None = None  # active-active: the replica set's picture
-        # active-active: waits until every live replica applied the last commit; "" or why not
-        self.acknowledge: Callable[[], Awaitable[str]] | None = None
+        self.replicas = replicas  # active-active: the replica set's picture (document, residency)
 
     # -- component protocol (routes live in routes.py) ---------------------------------------
     def add_routes(self, app: Any) -> None:
@@ -157,10 +158,9 @@ class LifecycleService:
                 return self._answer(503, FENCED_DRAIN)
             if failures:
                 return self._answer(503, "; ".join(f"{iid}: {failures[iid]}" for iid in sorted(failures)))
-            if self.acknowledge is not None:  # active-active: every live replica applied the drain
-                behind = await self.acknowledge()
-                if behind:
-                    return self._answer(503, behind)
+            behind = await self.core.mode.acknowledge()  # active-active: every live replica applied it
+            if behind:
+                return self._answer(503, behind)
             return self._answer(200)
 
     # -- readmit (spec §6.1) -----------------------------------------------------------------

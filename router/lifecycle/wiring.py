@@ -17,12 +17,14 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from router.breaker import Breaker
 from router.config import FleetConfig
 from router.core import RouterCore
+from router.engines.control import EngineControl
 from router.lifecycle.auth import control_auth_middleware
 from router.lifecycle.models import LIFECYCLE_STATES
 from router.lifecycle.monitor import LifecycleMonitor
 from router.lifecycle.service import LifecycleService
 from router.metrics import MetricsRenderer, labelled
 from router.probes import Prober
+from router.replicas.view import ReplicaPicture
 
 
 def metric_families(service: LifecycleService) -> Iterable[Metric]:
@@ -59,10 +61,17 @@ class LifecycleParts:
 
 
 def lifecycle_components(
-    core: RouterCore, breaker: Breaker, prober: Prober, metrics: MetricsRenderer
+    core: RouterCore,
+    breaker: Breaker,
+    prober: Prober,
+    metrics: MetricsRenderer,
+    control: EngineControl | None = None,
+    replicas: ReplicaPicture | None = None,
 ) -> LifecycleParts:
-    """The lifecycle API and monitor, with readmission hooked into the breaker and the prober."""
-    service = LifecycleService(core, eject=breaker.eject)
+    """The lifecycle API and monitor, with readmission hooked into the breaker and the prober;
+    ``control``: the router's engine-control client (None: the service makes and owns its own);
+    ``replicas``: active-active's replica set, for resident work and ``ready_to_stop``."""
+    service = LifecycleService(core, control=control, eject=breaker.eject, replicas=replicas)
     service.machine.readmit_hook = lambda iid: breaker.readmit(iid, "lifecycle")
     monitor = LifecycleMonitor(core, service, eject=breaker.eject, prober=prober)
     metrics.extra_metric_sources.append(lambda: metric_families(service))

@@ -11,7 +11,8 @@ lifecycle asks in active-active mode:
 - ``ack(version)`` — which live replicas have not applied a commit yet (the drain's 200 waits);
 - ``section()`` — the document's ``replicas`` section.
 
-``attach`` plugs it into a lifecycle machine (``resident_of`` / ``stop_gate``) and service (picture).
+It is the lifecycle's ``ReplicaPicture`` and its machine's ``Residency``, given to
+``LifecycleService`` at assembly (``router/replicas/wiring.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from router.clock import Clock
-from router.lifecycle.machine import LifecycleMachine
 from router.replicas import rules
 from router.replicas.follow import HoldVersions
 from router.replicas.member import MemberRecord, ResidentWork, residents_from
@@ -99,7 +99,3 @@ class ReplicaSet:
     def section(self) -> ReplicasSection:
         mine = self.own_record()
         return build_section(mine, self.members, self.holder_id, self.clock.wall())
-
-    def attach(self, machine: LifecycleMachine) -> None:
-        machine.resident_of = self.resident_total
-        machine.stop_gate = self.stop_gate

@@ -1,6 +1,6 @@
 """Active-active I/O: this replica's membership key, the watches, the drain acknowledgement wait.
 
-Keys under the HA prefix (``docs/ha.md``, active-active):
+Keys under the HA prefix (``docs/ha.md``, active-active; the layout is ``router/ha/etcd_keys.py``'s):
 
 - ``<prefix>replicas/<replica-id>`` — ``narwhal.replica`` v1 (``member.py``) on this replica's own
   short etcd lease (``ha.replica_ttl_s``), kept alive every ttl/4. Updated when its content changes:
@@ -34,6 +34,7 @@ from aiohttp import web
 from router.core import RouterCore
 from router.ha import transfer
 from router.ha.etcd_client import EtcdClient, EtcdError, WatchEvent, op_range, prefix_end
+from router.ha.etcd_keys import EtcdKeys, holder_router_id
 from router.ha.handoff import Handoff, HandoffError, validate
 from router.lifecycle.machine import LifecycleError
 from router.lifecycle.service import LifecycleService
@@ -60,30 +61,29 @@ class ReplicaSettings:
     min_interval_s: float = 0.25  # coalescing of resident changes on serving engines
 
     @property
+    def keys(self) -> EtcdKeys:
+        return EtcdKeys(self.prefix)
+
+    @property
     def members_prefix(self) -> bytes:
-        return f"{self.prefix}replicas/".encode()
+        return self.keys.replicas
 
     @property
     def member_key(self) -> bytes:
-        return self.members_prefix + self.replica_id.encode()
+        return self.keys.replica(self.replica_id)
 
     @property
     def handoff_key(self) -> bytes:
-        return f"{self.prefix}handoff".encode()
+        return self.keys.handoff
 
     @property
     def holder_key(self) -> bytes:
-        return f"{self.prefix}holder".encode()
+        return self.keys.holder
 
 
-def holder_router_id(raw: bytes) -> str:
-    """The ``router_id`` of the HA backend's holder document ("" when unreadable)."""
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return ""
-    rid = doc.get("router_id") if isinstance(doc, dict) else None
-    return rid if isinstance(rid, str) else ""
+def replica_set(core: RouterCore, settings: ReplicaSettings) -> ReplicaSet:
+    """This replica's picture of the set (built before the lifecycle, which reads it)."""
+    return ReplicaSet(core.scheduler, core.clock, settings.replica_id, settings.control_url)
 
 
 class ReplicaService:
@@ -96,35 +96,31 @@ class ReplicaService:
         client: EtcdClient,
         settings: ReplicaSettings,
         readmit: Callable[[str], object] | None = None,
+        *,
+        replicas: ReplicaSet | None = None,
     ) -> None:
         self.core = core
         self.lifecycle = lifecycle
         self.client = client
         self.settings = settings
-        self.replicas = ReplicaSet(core.scheduler, core.clock, settings.replica_id, settings.control_url)
+        # the lifecycle's picture (``replica_set`` → ``LifecycleService(replicas=...)``), or its own
+        self.replicas = replicas if replicas is not None else replica_set(core, settings)
         self.follower = Follower(core, lifecycle.machine, readmit=readmit, holds=self.replicas.holds)
         self.validity = rules.PlacementValidity(settings.ttl_s, settings.safety_margin_s)
         self.coalescer = rules.Coalescer(settings.min_interval_s)
         self.lease_id = 0
         self.registered = False
-        self.on_start: list[Callable[[], None]] = []  # adaptations of components started before us
         self.watch_errors = 0
         self.publishes = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: set[asyncio.Future[None]] = set()
         self._signature: tuple[Any, ...] = ()
-        self.replicas.attach(lifecycle.machine)
-        lifecycle.replicas = self.replicas
-        lifecycle.acknowledge = self.acknowledge
-        core.control.replica = self
 
     # -- component protocol -----------------------------------------------------------------
     def add_routes(self, app: web.Application) -> None:
         return None
 
     async def start(self) -> None:
-        for hook in self.on_start:
-            hook()
         self._spawn(self._keepalive_loop(), "narwhal-replica-keepalive")
         self._spawn(self._publish_loop(), "narwhal-replica-publish")
         self._spawn(self._watch_members(), "narwhal-replica-members")
@@ -149,7 +145,7 @@ class ReplicaService:
         task.add_done_callback(_log_crash)
         self._tasks.append(task)
 
-    # -- the gate (ControlState.replica) ---------------------------------------------------
+    # -- the placement gate (``router/replicas/mode.py``) -----------------------------------
     def placement_reason(self) -> str:
         if not self.validity.can_place(self.core.clock.monotonic()):
             return NOT_RENEWED if self.registered else NOT_REGISTERED
@@ -266,7 +262,7 @@ class ReplicaService:
             await asyncio.sleep(0.1)
 
     def _member(self, key: bytes, value: bytes) -> MemberRecord | None:
-        rid = key[len(self.settings.members_prefix) :].decode(errors="replace")
+        rid = self.settings.keys.replica_id(key)
         try:
             return decode_member(value, key_id=rid)
         except MemberError as exc:
@@ -274,7 +270,7 @@ class ReplicaService:
             return None
 
     def _member_event(self, event: WatchEvent) -> None:
-        rid = event.kv.key[len(self.settings.members_prefix) :].decode(errors="replace")
+        rid = self.settings.keys.replica_id(event.kv.key)
         if event.type == "DELETE":
             self.replicas.member_gone(rid)  # our own: the keep-alive loop sees TTL 0 and re-registers
         else:
@@ -293,8 +289,7 @@ class ReplicaService:
                 self._holder(holder.value if holder is not None else None)
                 if handoff is not None:
                     self._state(handoff.mod_revision, handoff.value)
-                # both keys share the range [<prefix>handoff, <prefix>holder]
-                end = s.holder_key + b"\x00"
+                end = s.keys.state_range_end  # both keys: [<prefix>handoff, <prefix>holder]
                 async for event in self.client.watch(
                     s.handoff_key, start_revision=res.revision + 1, range_end=end
                 ):
@@ -333,7 +328,7 @@ class ReplicaService:
 
     # -- takeover -----------------------------------------------------------------------------
     def adopt(self, doc: Handoff) -> tuple[bool, str]:
-        """``HAService.adopt`` after this replica claimed the lease: take over the lifecycle (a
+        """``ActiveActive.adopt`` after this replica claimed the lease: take over the lifecycle (a
         replacement's restore: ``validating`` becomes ``blocked``), never the dead holder's
         counters or breaker evidence — those stay per replica."""
         why = transfer.rejection(doc, self.core)

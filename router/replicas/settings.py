@@ -9,10 +9,14 @@ from __future__ import annotations
 import argparse
 import math
 import socket
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from router.config import FleetConfig, check_replica_timing
 from router.replicas.service import ReplicaSettings
+
+if TYPE_CHECKING:
+    from router.options import RouterOptions
 
 MODES = ("active-passive", "active-active")
 NEEDS_ETCD = "--ha-mode active-active requires the etcd backend (--etcd-endpoints or ha.etcd_endpoints)"
@@ -32,32 +36,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_options(options: object) -> None:
-    for name in ("replica_ttl", "replica_safety_margin"):
-        v = getattr(options, name, None)
+def check_options(options: RouterOptions) -> None:
+    for flag, v in (
+        ("--replica-ttl", options.replica_ttl),
+        ("--replica-safety-margin", options.replica_safety_margin),
+    ):
         if v is not None and not math.isfinite(v):
-            raise ValueError(f"--{name.replace('_', '-')} must be finite")
-    url = getattr(options, "advertise_url", None)
+            raise ValueError(f"{flag} must be finite")
+    url = options.advertise_url
     if url:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--advertise-url {url!r} must be an http(s)://host:port URL")
 
 
-def mode_of(config: FleetConfig, options: object) -> str:
-    return str(getattr(options, "ha_mode", None) or config.ha.mode)
+def mode_of(config: FleetConfig, options: RouterOptions) -> str:
+    return options.ha_mode or config.ha.mode
 
 
-def default_control_url(config: FleetConfig, options: object) -> str:
-    host = getattr(options, "control_host", None) or config.control.host or getattr(options, "host", "")
-    port = getattr(options, "control_port", None) or config.control.port or getattr(options, "port", 8000)
+def default_control_url(config: FleetConfig, options: RouterOptions) -> str:
+    host = options.control_host or config.control.host or options.host
+    port = options.control_port or config.control.port or options.port
     if host in ("", "0.0.0.0", "::"):  # a wildcard bind is not an address others can reach
         host = socket.gethostname() if host else "127.0.0.1"
     return f"http://{host}:{port}"
 
 
 def from_options(
-    config: FleetConfig, options: object, replica_id: str, prefix: str, etcd_endpoints: str
+    config: FleetConfig, options: RouterOptions, replica_id: str, prefix: str, etcd_endpoints: str
 ) -> ReplicaSettings | None:
     """The replica settings, or None in active-passive mode."""
     check_options(options)
@@ -65,17 +71,17 @@ def from_options(
         return None
     if not etcd_endpoints:
         raise ValueError(NEEDS_ETCD)
-    if getattr(options, "standby_of", None):
+    if options.standby_of:
         raise ValueError(
             "--standby-of is an active-passive setting: with --ha-mode active-active every replica serves"
         )
     ha = config.ha
-    ttl = getattr(options, "replica_ttl", None)
-    margin = getattr(options, "replica_safety_margin", None)
-    ttl = ha.replica_ttl_s if ttl is None else ttl
-    margin = ha.replica_safety_margin_s if margin is None else margin
+    ttl = ha.replica_ttl_s if options.replica_ttl is None else options.replica_ttl
+    margin = (
+        ha.replica_safety_margin_s if options.replica_safety_margin is None else options.replica_safety_margin
+    )
     check_replica_timing(ttl, margin, ha.replica_ack_timeout_s)
-    url = getattr(options, "advertise_url", None) or ha.advertise_url or default_control_url(config, options)
+    url = options.advertise_url or ha.advertise_url or default_control_url(config, options)
     return ReplicaSettings(
         prefix=prefix,
         replica_id=replica_id,

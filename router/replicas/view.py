@@ -17,13 +17,20 @@ from router.replicas.member import MemberRecord, ResidentWork
 
 
 class ReplicaPicture(Protocol):
-    """What the lifecycle document needs from the replica set (``router/replicas/service.py``)."""
+    """What the lifecycle needs from the replica set (``router/replicas/picture.py``): the
+    document's ``replicas`` section and resident work, and the machine's ``Residency``."""
 
     def resident(self, iid: str) -> ResidentWork:
         """ResidentWork work on ``iid`` summed over this replica and every live one."""
         ...
 
     def section(self) -> ReplicasSection: ...
+
+    def resident_total(self, iid: str) -> int: ...
+
+    def stop_gate(self, iid: str) -> bool:
+        """Every other live replica applied the engine's hold and has nothing resident on it."""
+        ...
 
 
 class ReplicaView(BaseModel):

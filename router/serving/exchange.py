@@ -17,7 +17,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import Protocol
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
+from aiohttp.abc import AbstractStreamWriter
 
 
 class BodyTooLarge(Exception):
@@ -69,18 +70,39 @@ class Exchange(Protocol):
         """The client left before a response: drop the connection (aiohttp: a 499 it never reads)."""
 
 
+class _TransportFlow:
+    """:class:`Paused` from the transport alone (asyncio's public flow-control API): its write buffer
+    is over the high-water mark — when asyncio pauses the protocol's writing."""
+
+    __slots__ = ("high", "transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.high = transport.get_write_buffer_limits()[1]
+
+    @property
+    def writing_paused(self) -> bool:
+        return self.transport.get_write_buffer_size() > self.high
+
+
 class _AioSink:
+    """An aiohttp ``StreamResponse`` after ``prepare``. The relay's own writes go to the request's
+    transport (``BaseRequest.transport``) framed as the response is (``StreamResponse.chunked``: we
+    enable chunking ourselves), after the handler's first ``write`` sent the head."""
+
     __slots__ = ("chunked", "flow", "resp", "transport", "writer")
 
-    def __init__(self, resp: web.StreamResponse, request: web.BaseRequest, writer: object) -> None:
+    def __init__(
+        self, resp: web.StreamResponse, request: web.BaseRequest, writer: AbstractStreamWriter | None
+    ) -> None:
         transport = request.transport
         if transport is None or writer is None:
             raise ConnectionResetError("client disconnected")
         self.resp = resp
         self.writer = writer
         self.transport = transport
-        self.chunked: bool = getattr(writer, "chunked", False)
-        self.flow: Paused = request.protocol  # RequestHandler.writing_paused
+        self.chunked: bool = resp.chunked
+        self.flow: Paused = _TransportFlow(transport)
 
     async def write(self, data: bytes) -> None:
         await self.resp.write(data)
@@ -89,7 +111,7 @@ class _AioSink:
         await self.resp.write_eof(data)
 
     async def drain(self) -> None:
-        await self.writer.drain()  # type: ignore[attr-defined]
+        await self.writer.drain()
 
 
 class AioExchange:
@@ -125,6 +147,8 @@ class AioExchange:
 
     async def open_stream(self, headers: Mapping[str, str]) -> StreamSink:
         resp = web.StreamResponse(headers=dict(headers))
+        if self.request.version == HttpVersion11:
+            resp.enable_chunked_encoding()  # what aiohttp does for a body of unknown length, said
         self.response = resp
         writer = await resp.prepare(self.request)
         self._sink = _AioSink(resp, self.request, writer)

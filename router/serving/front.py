@@ -19,11 +19,15 @@ What it keeps from aiohttp's server, so the listener behaves the same:
 - ``serving.idle_timeout_s`` for a connection between requests, and for a request that stopped
   arriving (a head that never completes counts from the end of the previous response, a body from
   its last bytes);
-- the connection bound, the header timeout and the graceful stop: a front connection registers with
-  aiohttp's ``web.Server`` (``connection_made`` / ``connection_lost``), so ``ConnectionGuard`` counts
-  it and ``AppRunner.cleanup`` closes it when idle (``close``) and waits up to
-  ``serving.graceful_timeout_s`` for its request (``shutdown``). aiohttp is pinned; the members
-  ``web.Server`` calls on a connection (``close``, ``shutdown``, ``_task_handler``) are here.
+- the connection bound, the header timeout and the graceful stop: :class:`FrontServer` keeps its
+  open connections (``ConnectionGuard`` counts them with aiohttp's ``web.Server.connections``), tells
+  the guard when a connection's first head arrived, and ``connections.Listeners`` closes them when
+  idle (:meth:`FrontServer.close`) and waits up to ``serving.graceful_timeout_s`` for their requests
+  (:meth:`FrontServer.shutdown`) during ``AppRunner.cleanup``.
+
+The hand-off uses only public API: the protocol that calling aiohttp's ``web.Server`` returns gets
+the transport (``transport.set_protocol``) and, through the ``asyncio.Protocol`` methods, the
+connection and the bytes read so far.
 """
 
 from __future__ import annotations
@@ -32,13 +36,13 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
 
+from router.connections import ConnectionGuard
 from router.serving.exchange import BodyTooLarge, Paused
 from router.serving.head import DELEGATE, MAX_HEAD, Head, response_head, scan
 from router.serving.parse import Endpoint
@@ -82,9 +86,6 @@ class Handles(Protocol):
     async def handle(self, ex: Exchange, endpoint: Endpoint) -> None: ...
 
 
-Adopt = Callable[["FrontProtocol", RequestHandler], None]
-
-
 class FrontServer:
     """Makes one :class:`FrontProtocol` per accepted connection (the client site's factory)."""
 
@@ -95,17 +96,30 @@ class FrontServer:
         *,
         idle_timeout: float,
         max_body: int,
-        adopt: Adopt | None = None,
+        guard: ConnectionGuard | None = None,
     ) -> None:
         self.serving = serving
         self.server = server
         self.idle_timeout = idle_timeout
         self.max_body = max_body
-        self.adopt = adopt
+        self.guard = guard
+        self.connections: set[FrontProtocol] = set()  # open, not handed to aiohttp
         self.delegated = 0  # connections handed to aiohttp (tests, debugging)
 
     def __call__(self) -> FrontProtocol:
         return FrontProtocol(self)
+
+    def __len__(self) -> int:
+        return len(self.connections)
+
+    def close(self) -> None:
+        """The stop: idle connections close now, the others after their response."""
+        for conn in list(self.connections):
+            conn.close()
+
+    async def shutdown(self, timeout: float) -> None:  # noqa: ASYNC109 (the stop's grace)
+        """Wait up to ``timeout`` for the requests in progress (cancelled after it), then close."""
+        await asyncio.gather(*(conn.shutdown(timeout) for conn in list(self.connections)))
 
 
 class _Sink:
@@ -213,8 +227,7 @@ class FrontProtocol(asyncio.Protocol):
         self.writing_paused = False
         self._drain: asyncio.Future[None] | None = None
         self._read_paused = False
-        self._request_count = 0  # requests received (ConnectionGuard's header timeout reads it)
-        self._task_handler: Any = None  # web.Server.connection_lost reads it (aiohttp's handler task)
+        self.requests = 0  # request heads received
         self._idle_since = 0.0
         self._idle_timer: asyncio.TimerHandle | None = None
         self._delegated = False
@@ -229,7 +242,9 @@ class FrontProtocol(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.front.server.connection_made(self, transport)  # type: ignore[arg-type]
+        self.front.connections.add(self)
+        if self.front.guard is not None:
+            self.front.guard.watch(transport)  # the header timeout counts from now
         self._idle_since = self.loop.time()
         self._idle_timer = self.loop.call_at(self._idle_since + self.front.idle_timeout, self._idle_check)
 
@@ -254,7 +269,7 @@ class FrontProtocol(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._delegated:
             return
-        self.front.server.connection_lost(self, exc)  # type: ignore[arg-type]
+        self.front.connections.discard(self)
         self.transport = None
         for timer in (self._idle_timer, self._linger):
             if timer is not None:
@@ -271,19 +286,14 @@ class FrontProtocol(asyncio.Protocol):
         self.writing_paused = False
         self._wake(None)
 
-    # -- aiohttp's web.Server calls these (pre_shutdown, shutdown) and ConnectionGuard (timeout) ---
+    # -- the graceful stop (FrontServer.close / shutdown) -------------------------------------
     def close(self) -> None:
         """Finish the request in progress, then close; close now when idle."""
         self.closing = True
         if self.task is None and self.transport is not None:
             self.transport.close()
 
-    def force_close(self) -> None:
-        self.closing = True
-        if self.transport is not None:
-            self.transport.close()
-
-    async def shutdown(self, timeout: float | None) -> None:  # noqa: ASYNC109 (web.Server calls it so)
+    async def shutdown(self, timeout: float | None) -> None:  # noqa: ASYNC109 (the stop's grace)
         self.closing = True
         task = self.task
         if task is not None:
@@ -327,7 +337,9 @@ class FrontProtocol(asyncio.Protocol):
             return
         assert isinstance(found, Head)
         if self._pending is None:
-            self._request_count += 1
+            self.requests += 1
+            if self.requests == 1 and self.front.guard is not None:
+                self.front.guard.head_arrived(self.transport)
         total = found.size + found.content_length
         if found.content_length > self.front.max_body:
             # answered 413 without its body; the body is read and dropped (up to LINGER_S after
@@ -397,10 +409,8 @@ class FrontProtocol(asyncio.Protocol):
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-        front.server.connection_lost(self, None)  # type: ignore[arg-type]
-        handler = front.server()
-        if front.adopt is not None and self._request_count == 0:
-            front.adopt(self, handler)  # the header timeout follows the connection
+        front.connections.discard(self)
+        handler = front.server()  # aiohttp's protocol; it counts in web.Server.connections
         self.transport = None
         data, self.buf = bytes(self.buf), bytearray()
         if self._read_paused:

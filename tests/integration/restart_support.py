@@ -10,11 +10,7 @@ from typing import Any
 
 from temporalio.client import WorkflowHandle
 
-from tests.integration.conftest import Temporal
-from tests.support import loopback
-from tests.support.procs import script
-from tests.support.worker_config import session_worker_config
-from workflows.models import (
+from narwhal_models.restart import (
     RestartPlan,
     RestartProgress,
     RestartResult,
@@ -23,6 +19,10 @@ from workflows.models import (
     Timing,
     fleet_workflow_id,
 )
+from tests.integration.conftest import Temporal
+from tests.support import loopback
+from tests.support.procs import script
+from tests.support.worker_config import session_worker_config
 
 FAST = Timing(poll_interval_s=0.2, heartbeat_timeout_s=2.0, new_process_timeout_s=120, confirm_timeout_s=60)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fleet.testing.openapi import check_response, edge_bodies
+from narwhal_testing.openapi import check_response, edge_bodies
 from tests.support import loopback
 from tests.support.fleet import start_sims, write_fleet
 from tests.support.procs import free_port, proc_group

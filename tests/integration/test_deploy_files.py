@@ -318,7 +318,7 @@ def test_check_compose_refuses_an_image_off_the_allow_list(tmp_path: Path) -> No
 
 
 def test_compose_worker_uses_its_own_configuration_of_routers_and_tokens() -> None:
-    from workflows.worker_config import load_file
+    from activities.worker_config import load_file
 
     worker = _compose()["services"]["worker"]
     cmd = _words(worker["command"])

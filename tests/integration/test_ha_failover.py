@@ -1,6 +1,6 @@
 """HA against real processes and signals: lease fencing, warm-standby takeover, --resume.
 
-Lease and standby timings are ``fleet.testing.ha``'s (a 2 s lease, renewed every 0.3 s; the standby
+Lease and standby timings are ``narwhal_testing.ha``'s (a 2 s lease, renewed every 0.3 s; the standby
 probes every 0.05 s and takes over after 2 misses). Every process is stopped by PID through
 ``proc_group``.
 """

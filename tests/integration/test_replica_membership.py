@@ -23,7 +23,8 @@ from router.ha.etcd_client import EtcdClient
 from router.journal import Journal
 from router.lifecycle.service import LifecycleService
 from router.replicas.member import decode_member
-from router.replicas.service import NO_STATE, ReplicaService, ReplicaSettings
+from router.replicas.mode import ActiveActive
+from router.replicas.service import NO_STATE, ReplicaService, ReplicaSettings, replica_set
 from tests.support.etcd import EtcdCluster
 
 pytestmark = pytest.mark.integration
@@ -47,12 +48,15 @@ async def start_replica(endpoints: str, prefix: str, rid: str, holder: bool = Fa
     core = RouterCore(config=fleet(), journal=Journal(None), clock=SystemClock())
     if not holder:
         core.control.standby = True  # a follower: does not control the fleet
-    lifecycle = LifecycleService(core)
     client = EtcdClient(endpoints, timeout_s=1.0, retry_s=5.0)
     settings = ReplicaSettings(
         prefix=prefix, replica_id=rid, control_url=f"http://{rid}.test", ttl_s=2.0, ack_timeout_s=5.0
     )
-    service = ReplicaService(core, lifecycle, client, settings)
+    # assembly's wiring (router/assemble.py): the replica set, the lifecycle over it, the mode
+    replicas = replica_set(core, settings)
+    lifecycle = LifecycleService(core, replicas=replicas)
+    service = ReplicaService(core, lifecycle, client, settings, replicas=replicas)
+    core.mode = ActiveActive(service)
     await service.start()
     return Replica(core, lifecycle, service, client)
 

@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 
+from narwhal_models.evidence import AnalysisPolicy
+from narwhal_models.restart import RestartProgress, RestartResult, fleet_workflow_id
 from tests.integration.conftest import Temporal
 from tests.integration.restart_support import (
     cli,
@@ -38,8 +40,6 @@ from tests.support import loopback
 from tests.support.lifecycle import Stack, client_load, start_stack, wait_for
 from tests.support.procs import proc_group
 from tests.support.worker_config import session_worker_config
-from workflows.analysis import AnalysisPolicy
-from workflows.models import RestartProgress, RestartResult, fleet_workflow_id
 from workflows.outcome import failure_line
 
 pytestmark = pytest.mark.integration

@@ -23,6 +23,7 @@ import httpx
 import pytest
 from temporalio.service import RPCError
 
+from narwhal_models.restart import SupervisorRef
 from tests.integration.conftest import Temporal, start_worker, wait_ready_line
 from tests.integration.restart_support import new_fleet, plan, progress, start, supervisor_restarts, until
 from tests.support import loopback
@@ -30,7 +31,6 @@ from tests.support.fleet import process_start
 from tests.support.lifecycle import start_stack
 from tests.support.procs import Proc, ProcGroup, proc_group
 from tests.support.worker_config import session_worker_config
-from workflows.models import SupervisorRef
 
 pytestmark = pytest.mark.integration
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 
+from narwhal_models.restart import RestartResult, fleet_workflow_id
 from tests.integration.conftest import Temporal
 from tests.integration.restart_support import (
     cli,
@@ -21,7 +22,6 @@ from tests.integration.restart_support import (
 )
 from tests.support.lifecycle import start_stack
 from tests.support.procs import proc_group, script
-from workflows.models import RestartResult, fleet_workflow_id
 
 pytestmark = pytest.mark.integration
 

@@ -22,6 +22,7 @@ import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 
+from narwhal_models.restart import RestartProgress, RestartResult, fleet_workflow_id
 from tests.integration.conftest import Temporal, start_worker, wait_ready_line
 from tests.integration.restart_support import (
     cli,
@@ -36,7 +37,6 @@ from tests.integration.restart_support import (
 from tests.support.lifecycle import start_stack
 from tests.support.procs import proc_group
 from tests.support.worker_config import session_worker_config
-from workflows.models import RestartProgress, RestartResult, fleet_workflow_id
 from workflows.outcome import failure_line, final_result
 
 pytestmark = pytest.mark.integration

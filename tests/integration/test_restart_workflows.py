@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 
+from narwhal_models.restart import RestartProgress, RestartResult, fleet_workflow_id
 from tests.integration.conftest import Temporal, start_worker, wait_ready_line
 from tests.integration.restart_support import (
     cli,
@@ -28,7 +29,6 @@ from tests.support.fleet import process_start, reset_faults
 from tests.support.lifecycle import client_load, start_stack, wait_for
 from tests.support.procs import proc_group
 from tests.support.worker_config import session_worker_config
-from workflows.models import RestartProgress, RestartResult, fleet_workflow_id
 from workflows.outcome import final_result
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from fleet.testing.rechunk import RechunkProxy
+from narwhal_testing.rechunk import RechunkProxy
 from tests.integration.serving_support import contract_free_fleet
 from tests.support import loopback
 from tests.support.fleet import start_sims

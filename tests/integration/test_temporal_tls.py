@@ -16,11 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from narwhal_models.restart import (
+    EngineProgress,
+    EngineRestartInput,
+    RouterRef,
+    SupervisorRef,
+    engine_workflow_id,
+)
 from tests.integration.conftest import Temporal, wait_ready_line
 from tests.integration.restart_support import FAST
 from tests.support.procs import Proc, proc_group, script
 from tests.support.temporal_tls import Certs, TlsProxy, make_certs
-from workflows.models import EngineProgress, EngineRestartInput, RouterRef, SupervisorRef, engine_workflow_id
 
 pytestmark = pytest.mark.integration
 

@@ -31,16 +31,15 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.commands import Values, render_exec, render_shell
 from activities.supervisor import SupervisorActivities, command_argv
-from tests.integration.conftest import Temporal, start_worker, wait_ready_line
-from tests.integration.restart_support import (
-    FAST,
-    cli,
-    new_fleet,
-    supervisor_restarts,
+from activities.worker_config import (
+    CommandTemplate,
+    Refused,
+    RouterEntry,
+    WorkerConfig,
+    WorkerSettings,
+    resolve_template,
 )
-from tests.support.lifecycle import start_stack
-from tests.support.procs import proc_group
-from workflows.models import (
+from narwhal_models.restart import (
     EngineProgress,
     EngineRestartInput,
     EngineTarget,
@@ -51,16 +50,17 @@ from workflows.models import (
     engine_workflow_id,
     fleet_workflow_id,
 )
+from tests.integration.conftest import Temporal, start_worker, wait_ready_line
+from tests.integration.restart_support import (
+    FAST,
+    cli,
+    new_fleet,
+    supervisor_restarts,
+)
+from tests.support.lifecycle import start_stack
+from tests.support.procs import proc_group
 from workflows.outcome import final_result
 from workflows.steps import cause_message
-from workflows.worker_config import (
-    CommandTemplate,
-    Refused,
-    RouterEntry,
-    WorkerConfig,
-    WorkerSettings,
-    resolve_template,
-)
 
 pytestmark = pytest.mark.integration
 

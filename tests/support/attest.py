@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.attest`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.attest`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.attest import *  # noqa: F403
+from narwhal_testing.attest import *  # noqa: F403

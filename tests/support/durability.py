@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.durability`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.durability`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.durability import *  # noqa: F403
+from narwhal_testing.durability import *  # noqa: F403

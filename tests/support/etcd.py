@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.etcd`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.etcd`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.etcd import *  # noqa: F403
+from narwhal_testing.etcd import *  # noqa: F403

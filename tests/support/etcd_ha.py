@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.etcd_ha`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.etcd_ha`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.etcd_ha import *  # noqa: F403
+from narwhal_testing.etcd_ha import *  # noqa: F403

@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.etcd_tls``."""
+"""Re-export of ``narwhal_testing.etcd_tls``."""
 
-from fleet.testing.etcd_tls import *  # noqa: F403
+from narwhal_testing.etcd_tls import *  # noqa: F403

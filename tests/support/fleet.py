@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.fleet`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.fleet`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.fleet import *  # noqa: F403
+from narwhal_testing.fleet import *  # noqa: F403

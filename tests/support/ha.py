@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.ha`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.ha`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.ha import *  # noqa: F403
+from narwhal_testing.ha import *  # noqa: F403

@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.lifecycle`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.lifecycle`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.lifecycle import *  # noqa: F403
+from narwhal_testing.lifecycle import *  # noqa: F403

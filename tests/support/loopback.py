@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.loopback`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.loopback`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.loopback import *  # noqa: F403
+from narwhal_testing.loopback import *  # noqa: F403

@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.metrics`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.metrics`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.metrics import *  # noqa: F403
+from narwhal_testing.metrics import *  # noqa: F403

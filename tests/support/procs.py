@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.procs`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.procs`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.procs import *  # noqa: F403
+from narwhal_testing.procs import *  # noqa: F403

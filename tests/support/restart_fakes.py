@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.restart_fakes`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.restart_fakes`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.restart_fakes import *  # noqa: F403
+from narwhal_testing.restart_fakes import *  # noqa: F403

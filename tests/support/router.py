@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.router`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.router`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.router import *  # noqa: F403
+from narwhal_testing.router import *  # noqa: F403

@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.smallfs`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.smallfs`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.smallfs import *  # noqa: F403
+from narwhal_testing.smallfs import *  # noqa: F403

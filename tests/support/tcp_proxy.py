@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.tcp_proxy`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.tcp_proxy`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.tcp_proxy import *  # noqa: F403
+from narwhal_testing.tcp_proxy import *  # noqa: F403

@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.temporal`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.temporal`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.temporal import *  # noqa: F403
+from narwhal_testing.temporal import *  # noqa: F403

@@ -1,3 +1,3 @@
-"""Re-export of ``fleet.testing.waits`` (test-and-bench support lives outside tests/)."""
+"""Re-export of ``narwhal_testing.waits`` (test-and-bench support lives outside tests/)."""
 
-from fleet.testing.waits import *  # noqa: F403
+from narwhal_testing.waits import *  # noqa: F403

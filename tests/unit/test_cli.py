@@ -27,7 +27,7 @@ PEER_FLEET: dict[str, Any] = {
     "profiles": {"path": "runs/profiles.json"},
     "engine": {"tokenize": False, "first_token_timeout_s": 2.5},
     "serving": {"admission": "predictive", "retry_budget": 0.1, "max_attempts": 3},
-    "controller": {"monitor_interval_s": 1.0, "flip_cooldown_s": 30},
+    "controller": {"monitor_interval_s": 1.0, "thresholds": {"cooldown_s": 30}},
 }
 
 

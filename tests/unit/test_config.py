@@ -20,9 +20,9 @@ PEER_FLEET = {
     "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
     "profiles": {"path": "runs/profiles.json"},
     "engine": {"backend": "vllm", "tokenize": True, "health_timeout_s": 2.0},
-    "serving": {"max_attempts": 3, "retry_backoff_s": 0.1, "admission": "predictive"},
+    "serving": {"max_attempts": 3, "retry_base_s": 0.1, "admission": "predictive"},
     "recovery": {"state_path": "runs/state.json", "engine_restart_policy": "individual"},
-    "controller": {"monitor_interval_s": 0.5, "flip_cooldown_s": 30},
+    "controller": {"monitor_interval_s": 0.5, "thresholds": {"cooldown_s": 30}},
     "engine_contract": {
         "vllm_version": "0.11.0",
         **{f: "x" for f in CONTRACT_FIELDS if f != "engine_version"},
@@ -38,7 +38,7 @@ def test_peer_fleet_file_accepted_and_unused_keys_reported(tmp_path: Path) -> No
     assert cfg.contract_complete and cfg.engine_contract is not None
     assert cfg.engine_contract["engine_version"] == "0.11.0"
     unused = cfg.unused_keys()
-    for key in ("profiles", "engine.tokenize", "serving.admission", "controller.flip_cooldown_s"):
+    for key in ("profiles", "engine.tokenize", "serving.admission", "controller.thresholds"):
         assert key in unused
 
 

@@ -115,10 +115,10 @@ def test_startup_report_names_what_the_file_sets() -> None:
     doc = _base()
     doc["engines"][0]["shared_device"] = "gpu0"
     doc["slo"] = {"ttft_s": 1.0, "tpot_s": 0.1}
-    doc["controller"] = {"flip_cooldown_s": 30}
+    doc["controller"] = {"thresholds": {"cooldown_s": 30}}
     line = config_keys.startup_report(parse_fleet(doc))
     assert line.startswith("accepted, not used: ")
-    for key in ("engines[].shared_device", "controller.flip_cooldown_s"):
+    for key in ("engines[].shared_device", "controller.thresholds"):
         assert key in line
     assert "slo" not in line  # slo counts slo_met: used
     assert "unserved" in line  # never-counted counters are named too

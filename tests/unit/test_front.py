@@ -20,7 +20,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, BadStatusLine
 
 from router.config import ServingSettings
-from router.connections import ConnectionGuard, GuardedSite
+from router.connections import ConnectionGuard, Listeners
 from router.serving.exchange import BodyTooLarge, Exchange
 from router.serving.front import FrontServer, MalformedHeadLog
 from router.serving.head import DELEGATE, MAX_HEAD, Head, response_head, scan
@@ -87,14 +87,14 @@ async def front_server(idle: float = 15.0, header_timeout: float = 10.0) -> Asyn
     app.router.add_post("/v1/completions", aio_completions)
     settings = ServingSettings(idle_timeout_s=idle, header_timeout_s=header_timeout)
     guard = ConnectionGuard(settings)
+    listening = Listeners(guard, 10.0)
+    listening.install(app)  # the header-timeout middleware and the graceful stop in runner.cleanup()
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=10.0, **guard.runner_kwargs())
     await runner.setup()
     serving = FakeServing()
     assert runner.server is not None
-    front = FrontServer(serving, runner.server, idle_timeout=idle, max_body=MAX_BODY, adopt=guard.adopt)
-    site = GuardedSite(runner, "127.0.0.1", 0, guard, protocol=front)
-    await site.start()
-    port = runner.addresses[0][1]
+    front = FrontServer(serving, runner.server, idle_timeout=idle, max_body=MAX_BODY, guard=guard)
+    port = await listening.open(runner.server, "127.0.0.1", 0, front=front)
     try:
         yield Served(port, front, guard, runner, serving)
     finally:

@@ -107,15 +107,13 @@ async def test_routes_are_split_by_listener(two_listeners: tuple[str, str]) -> N
 def test_open_control_plane_on_a_non_loopback_address_warns(
     host: str, control: dict[str, object], token: str, warns: bool
 ) -> None:
-    from types import SimpleNamespace
-
     from router.config import parse_fleet
     from router.listeners import open_control_warning
 
     fleet = parse_fleet(
         {"model": "m", "engines": [{"iid": "e0", "url": "http://e0.test"}], "control": control}
     )
-    text = open_control_warning(fleet, SimpleNamespace(host=host, port=8000))
+    text = open_control_warning(fleet, RouterOptions(host=host, port=8000))
     assert bool(text) is warns, text
     if warns:
         assert text.startswith("control plane is open: /narwhal/*") and "control.token_env" in text

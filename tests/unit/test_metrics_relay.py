@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet.testing.metrics import Samples, parse_samples
+from narwhal_testing.metrics import Samples, parse_samples
 from router.assemble import RouterOptions, build_parts
 from router.clock import FakeClock
 from router.config import parse_fleet

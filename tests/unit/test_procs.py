@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fleet.procs import Proc, kill_group
+from narwhal_testing.procs import REPO
 
 _STARTER = textwrap.dedent(
     """
@@ -91,9 +92,10 @@ def test_an_xdist_worker_and_its_processes_die_when_pytest_is_sigkilled(tmp_path
     pids = tmp_path / "pids"
     (tmp_path / "test_sleeper.py").write_text(_XDIST_TEST.format(pids=str(pids)))
     pytest_proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "fleet.testing.xdist",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "narwhal_testing.xdist",
          "-n", "1", str(tmp_path / "test_sleeper.py")],
         cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},  # narwhal_testing: source tree, not installed
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

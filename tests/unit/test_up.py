@@ -440,7 +440,7 @@ def test_failover_needs_a_restart(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_build_succeeds_only_when_the_canary_analysis_halts_it(tmp_path: Path) -> None:
     from fleet.up.main import main
     from fleet.up.stack import DEMO_ANALYSIS, bad_builds
-    from workflows.analysis import AnalysisPolicy
+    from narwhal_models.evidence import AnalysisPolicy
 
     AnalysisPolicy.model_validate(DEMO_ANALYSIS)  # the demo's policy file is a valid policy
     assert (

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.testing.openapi import check_response, edge_bodies, is_valid_request, request_schema
+from narwhal_testing.openapi import check_response, edge_bodies, is_valid_request, request_schema
 from router.core import RouterCore
 from router.engines.control import EngineControl
 from router.journal import Journal

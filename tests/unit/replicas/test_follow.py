@@ -153,12 +153,15 @@ def member(rid: str, version: int, resident: dict[str, tuple[int, int]] | None =
     )
 
 
+def holder_with_replica_set() -> tuple[LifecycleService, ReplicaSet]:
+    """The holder's lifecycle over its replica set (resident work and the stop gate: assembly's wiring)."""
+    core = RouterCore(config=fleet(), journal=Journal(None), clock=FakeClock())
+    rs = ReplicaSet(core.scheduler, core.clock, "h", "http://h.test")
+    return LifecycleService(core, replicas=rs), rs
+
+
 def test_ready_to_stop_on_the_holder_waits_for_a_stream_placed_by_another_replica() -> None:
-    clock = FakeClock()
-    core, service = router(clock=clock)
-    rs = ReplicaSet(core.scheduler, clock, "h", "http://h.test")
-    rs.attach(service.machine)
-    service.replicas = rs
+    service, rs = holder_with_replica_set()
     rs.member_put(member("r1", 0, {"e0": (0, 1)}))  # r1 streams from e0
     service.machine.begin(["e0"], False, 300)
     service.machine.record_old_identity("e0", 1000.0)
@@ -179,10 +182,7 @@ def test_ready_to_stop_on_the_holder_waits_for_a_stream_placed_by_another_replic
 
 
 def test_a_killed_replica_stops_counting_once_its_key_expires() -> None:
-    clock = FakeClock()
-    core, service = router(clock=clock)
-    rs = ReplicaSet(core.scheduler, clock, "h", "http://h.test")
-    rs.attach(service.machine)
+    service, rs = holder_with_replica_set()
     rs.member_put(member("dead", 5, {"e0": (1, 0)}))
     service.machine.begin(["e0"], False, 300)
     service.machine.record_old_identity("e0", 1000.0)

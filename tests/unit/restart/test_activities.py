@@ -20,7 +20,8 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.router import LifecycleActivities, LifecycleClient, parse_lifecycle
 from activities.supervisor import SupervisorActivities, parse_process_start
-from workflows.models import (
+from activities.worker_config import CommandTemplate, RouterEntry, WorkerConfig, WorkerSettings
+from narwhal_models.restart import (
     ConfirmRequest,
     DrainRequest,
     EngineTarget,
@@ -29,7 +30,6 @@ from workflows.models import (
     StopWaitRequest,
     SupervisorRef,
 )
-from workflows.worker_config import CommandTemplate, RouterEntry, WorkerConfig, WorkerSettings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "fixtures" / "peer_examples"
 A, B = "http://router-a", "http://router-b"

@@ -14,15 +14,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from workflows.analysis import (
+from narwhal_models.evidence import (
     AnalysisPolicy,
     Buckets,
     EngineCounters,
     EvidenceSnapshot,
     LegCounters,
     RouterEvidence,
-    Tally,
     Verdict,
+)
+from workflows.analysis import (
+    Tally,
     baseline_of,
     judge,
     quantile,

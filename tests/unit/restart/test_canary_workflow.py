@@ -10,9 +10,8 @@ from typing import Any
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.support.restart_fakes import FakeFleet
-from workflows.analysis import AnalysisPolicy
-from workflows.models import (
+from narwhal_models.evidence import AnalysisPolicy
+from narwhal_models.restart import (
     OperatorAnswer,
     OperatorRequest,
     RestartPlan,
@@ -22,6 +21,7 @@ from workflows.models import (
     SupervisorRef,
     Timing,
 )
+from tests.support.restart_fakes import FakeFleet
 from workflows.outcome import final_result
 from workflows.restart import EngineRestart, FleetLock, RollingRestart, WaveRestart
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from narwhal_models.restart import EngineProgress, OperatorEvent, RestartResult
 from workflows.cli import parser
 from workflows.details import duration, engine_line, progress_line, render
-from workflows.models import EngineProgress, OperatorEvent, RestartResult
 from workflows.schedules import parse_every
 
 T0 = 1796108761.0  # 2026-12-01 ...

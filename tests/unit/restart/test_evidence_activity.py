@@ -12,10 +12,10 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.evidence import EvidenceActivities
 from activities.router import LifecycleClient
+from activities.worker_config import RouterEntry, WorkerConfig, WorkerSettings
+from narwhal_models.restart import RouterRef
 from router.engine_stats import EngineStats
 from workflows.analysis import window
-from workflows.models import RouterRef
-from workflows.worker_config import RouterEntry, WorkerConfig, WorkerSettings
 
 URLS = ["http://a:1", "http://b:2", "http://c:3", "http://d:4"]
 

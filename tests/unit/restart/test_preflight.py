@@ -16,7 +16,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.documents import DocumentError, handoff_roles, lifecycle_document, target_urls
 from activities.router import parse_lifecycle
-from workflows.models import FleetView
+from narwhal_models.restart import FleetView
 from workflows.preflight import PreflightError, StartRequest, preflight
 from workflows.restart import pick_batch
 

@@ -13,9 +13,15 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.preflight import PreflightActivities
 from activities.router import LifecycleClient
+from activities.worker_config import RouterEntry, WorkerConfig, WorkerSettings
+from narwhal_models.restart import (
+    PreflightOutcome,
+    PreflightRequest,
+    RouterRef,
+    fleet_identity,
+    fleet_lock_id,
+)
 from tests.unit.restart.test_activities import A, B, example, lifecycle
-from workflows.models import PreflightOutcome, PreflightRequest, RouterRef, fleet_identity, fleet_lock_id
-from workflows.worker_config import RouterEntry, WorkerConfig, WorkerSettings
 
 C = "http://router-c"
 

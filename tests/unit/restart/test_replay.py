@@ -18,7 +18,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from workflows.models import RestartPlan, RestartResult
+from narwhal_models.restart import RestartPlan, RestartResult
 from workflows.owner import PATCH_FLEET_OWNER
 from workflows.restart import EngineRestart, FleetLock, RollingRestart, WaveRestart
 from workflows.steps import FLEET_KEY, PATCH_EXACTLY_ONCE_LAUNCH

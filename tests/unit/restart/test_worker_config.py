@@ -12,10 +12,7 @@ from pydantic import ValidationError
 
 from activities.commands import TemplateError, Values, check_shell, parse_exec, render_exec, render_shell
 from activities.supervisor import command_env
-from router.ids import UnsafeValue, check_engine_id, check_engine_url
-from workflows.client import Security, TemporalUnavailable, add_connection_flags, security
-from workflows.models import RouterRef, SupervisorRef
-from workflows.worker_config import (
+from activities.worker_config import (
     CommandTemplate,
     Refused,
     WorkerConfigError,
@@ -26,6 +23,9 @@ from workflows.worker_config import (
     resolve_router,
     resolve_template,
 )
+from narwhal_models.restart import RouterRef, SupervisorRef
+from router.ids import UnsafeValue, check_engine_id, check_engine_url
+from workflows.client import Security, TemporalUnavailable, add_connection_flags, security
 
 PEER = Path(__file__).resolve().parents[2] / "fixtures" / "peer_examples"
 

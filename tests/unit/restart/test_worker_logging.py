@@ -13,11 +13,11 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.router import LifecycleActivities, LifecycleClient
+from activities.worker_config import RouterEntry, WorkerConfig, WorkerSettings
+from narwhal_models.restart import StopWaitRequest
 from router.logs import CLIENT_LOGGERS
 from tests.unit.restart.test_activities import REF, example, lifecycle
 from workflows import worker
-from workflows.models import StopWaitRequest
-from workflows.worker_config import RouterEntry, WorkerConfig, WorkerSettings
 
 
 @pytest.fixture(autouse=True)

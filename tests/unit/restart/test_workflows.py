@@ -20,10 +20,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.support.restart_fakes import FakeFleet
-from tests.support.temporal import until_progress
-from workflows.details import engine_line
-from workflows.models import (
+from narwhal_models.restart import (
     OperatorAnswer,
     OperatorRequest,
     RestartPlan,
@@ -33,6 +30,9 @@ from workflows.models import (
     SupervisorRef,
     Timing,
 )
+from tests.support.restart_fakes import FakeFleet
+from tests.support.temporal import until_progress
+from workflows.details import engine_line
 from workflows.outcome import failure_line, final_result
 from workflows.restart import EngineRestart, FleetLock, RollingRestart, WaveRestart
 
