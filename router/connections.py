@@ -28,7 +28,6 @@ front read one), and the graceful stop runs from the application's ``on_shutdown
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import resource
 from collections.abc import Awaitable, Callable, Iterable
@@ -37,6 +36,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from router.config import ServingSettings
+from router.tasks import Tasks
 
 log = logging.getLogger("narwhal.connections")
 CONTROL_EXTRA = 32
@@ -110,7 +110,7 @@ class ConnectionGuard:
         self._waiting: dict[asyncio.BaseTransport, float] = {}
         self._servers: list[web.Server] = []
         self._fronts: list[Front] = []
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Tasks(log)
         self.header_timeouts = 0
 
     def runner_kwargs(self) -> dict[str, Any]:
@@ -161,14 +161,10 @@ class ConnectionGuard:
         return first_request
 
     async def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._sweep(), name="narwhal-header-timeout")
+        self._tasks.spawn(self._sweep(), "narwhal-header-timeout")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._tasks.stop()
 
     def sweep_once(self, now: float) -> int:
         """Close connections whose first request head did not arrive in time; returns how many."""

@@ -22,13 +22,27 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from router.core import RouterCore
+    from router.ha.control import ControlState
     from router.ha.handoff import Handoff
+    from router.scheduler import Scheduler
 
 # a contracted fleet's readmission check of one engine (the lifecycle monitor's ``recover``)
 Validator = Callable[[str], Awaitable[bool]]
 # ``ha.transfer.Handover.apply``: restore a whole handoff; (applied, why)
 Apply = Callable[["Handoff"], tuple[bool, str]]
+
+
+class CoreView(Protocol):
+    """What a mode reads of the router's core (``core.RouterCore``)."""
+
+    control: ControlState
+    scheduler: Scheduler
+    identities_ready: bool
+    monitoring_degraded: str
+
+    def controls_fleet(self) -> bool: ...
+
+    def control_ready(self) -> bool: ...
 
 
 class ControlMode(Protocol):
@@ -42,13 +56,13 @@ class ControlMode(Protocol):
         """The prober's recovery pass runs even while this router does not control the fleet."""
         ...
 
-    def ready(self, core: RouterCore) -> bool: ...
+    def ready(self, core: CoreView) -> bool: ...
 
-    def ready_reason(self, core: RouterCore) -> str:
+    def ready_reason(self, core: CoreView) -> str:
         """Why /ready is 503, in the peer's precedence order; "" when ready."""
         ...
 
-    def prefill_hold_reason(self, core: RouterCore) -> str:
+    def prefill_hold_reason(self, core: CoreView) -> str:
         """Why a new prefill placement is refused right now ("" = allowed)."""
         ...
 
@@ -72,7 +86,7 @@ class ActivePassive:
     name = "active-passive"
     recovers_own_ejections = False
 
-    def ready(self, core: RouterCore) -> bool:
+    def ready(self, core: CoreView) -> bool:
         return (
             core.control_ready()
             and core.identities_ready
@@ -80,7 +94,7 @@ class ActivePassive:
             and bool(core.scheduler.eligible())
         )
 
-    def ready_reason(self, core: RouterCore) -> str:
+    def ready_reason(self, core: CoreView) -> str:
         control, sched = core.control, core.scheduler
         if control.failover_blocked:
             return control.failover_blocked
@@ -99,7 +113,7 @@ class ActivePassive:
             return f"no available engines ({detail})" if detail else "no available engines"
         return ""
 
-    def prefill_hold_reason(self, core: RouterCore) -> str:
+    def prefill_hold_reason(self, core: CoreView) -> str:
         control = core.control
         if not core.controls_fleet():
             return control.failover_blocked or (

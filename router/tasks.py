@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -33,6 +33,10 @@ class Tasks:
         if crash_log:
             task.add_done_callback(self._log_crash)
         return task
+
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+        """The tasks still running (a snapshot)."""
+        return iter(list(self._running))
 
     @property
     def running(self) -> int:

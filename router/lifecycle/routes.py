@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Coroutine, Iterable
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from aiohttp import web
@@ -23,8 +23,19 @@ from router.lifecycle.document import (
 )
 from router.tasks import Tasks
 
-if TYPE_CHECKING:
-    from router.lifecycle.service import LifecycleService
+
+class LifecycleEndpoints(Protocol):
+    """What the routes need of the lifecycle (``service.LifecycleService``): its document and the two
+    mutations, each answering a status and the document."""
+
+    def document(self, error: str = "") -> LifecycleDocument: ...
+
+    async def drain(
+        self, engines: Iterable[str], wave: bool, deadline_s: float
+    ) -> tuple[int, LifecycleDocument]: ...
+
+    async def readmit(self, engines: Iterable[str], wave: bool) -> tuple[int, LifecycleDocument]: ...
+
 
 LIFECYCLE = "/narwhal/lifecycle"
 T = TypeVar("T")
@@ -58,7 +69,7 @@ async def _body(request: web.Request) -> Any:
         raise RequestError("request body is not valid JSON") from None
 
 
-def add_lifecycle_routes(app: web.Application, service: LifecycleService) -> None:
+def add_lifecycle_routes(app: web.Application, service: LifecycleEndpoints) -> None:
     async def get_lifecycle(_: web.Request) -> web.Response:
         return json_response(200, service.document())
 

@@ -21,6 +21,7 @@ from router.lifecycle.document import LifecycleDocument, build_document
 from router.lifecycle.machine import LifecycleError, LifecycleMachine, Verdict
 from router.lifecycle.models import LifecycleSection
 from router.lifecycle.readmission import Readmission
+from router.lifecycle.routes import add_lifecycle_routes
 from router.replicas.view import ReplicaPicture
 
 log = logging.getLogger("narwhal.lifecycle")
@@ -62,8 +63,6 @@ class LifecycleService:
 
     # -- component protocol (routes live in routes.py) ---------------------------------------
     def add_routes(self, app: Any) -> None:
-        from router.lifecycle.routes import add_lifecycle_routes
-
         add_lifecycle_routes(app, self)
 
     async def start(self) -> None:

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from router.control_mode import Apply, Validator
-from router.core import RouterCore
+from router.control_mode import Apply, CoreView, Validator
 from router.ha.handoff import Handoff
 from router.replicas.service import ReplicaService
 
@@ -31,7 +30,7 @@ class ActiveActive:
         self.service = service
 
     # -- readiness and the placement gate -----------------------------------------------------
-    def _reason(self, core: RouterCore) -> str:
+    def _reason(self, core: CoreView) -> str:
         """The replica gate, then the holds every replica follows."""
         why = self.service.placement_reason()
         if why:
@@ -44,13 +43,13 @@ class ActiveActive:
             return "engine identity validation pending"
         return ""
 
-    def ready(self, core: RouterCore) -> bool:
+    def ready(self, core: CoreView) -> bool:
         return not self._reason(core) and bool(core.scheduler.eligible())
 
-    def ready_reason(self, core: RouterCore) -> str:
+    def ready_reason(self, core: CoreView) -> str:
         return self._reason(core) or ("" if core.scheduler.eligible() else "no available engines")
 
-    def prefill_hold_reason(self, core: RouterCore) -> str:
+    def prefill_hold_reason(self, core: CoreView) -> str:
         why = self.service.placement_reason()
         if why or not (core.controls_fleet() and core.monitoring_degraded):
             return why

@@ -42,6 +42,7 @@ from router.replicas import rules
 from router.replicas.follow import Follower
 from router.replicas.member import MemberError, MemberRecord, decode_member
 from router.replicas.picture import ReplicaSet
+from router.tasks import Tasks
 
 log = logging.getLogger("narwhal.replicas")
 NOT_REGISTERED = "replica membership key not registered yet"
@@ -112,7 +113,7 @@ class ReplicaService:
         self.registered = False
         self.watch_errors = 0
         self.publishes = 0
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = Tasks(log)
         self._waiters: set[asyncio.Future[None]] = set()
         self._signature: tuple[Any, ...] = ()
 
@@ -127,12 +128,7 @@ class ReplicaService:
         self._spawn(self._watch_state(), "narwhal-replica-state")
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks.clear()
+        await self._tasks.stop()
         self.validity.lost()
         if self.lease_id:  # leave at once: drains stop waiting for us, our residents stop counting
             with contextlib.suppress(EtcdError):
@@ -141,9 +137,7 @@ class ReplicaService:
         await self.client.aclose()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        task.add_done_callback(_log_crash)
-        self._tasks.append(task)
+        self._tasks.spawn(coro, name)
 
     # -- the placement gate (``router/replicas/mode.py``) -----------------------------------
     def placement_reason(self) -> str:
@@ -401,11 +395,3 @@ class ReplicaService:
             "publishes": self.publishes,
             "watch_errors": self.watch_errors,
         }
-
-
-def _log_crash(task: asyncio.Task[None]) -> None:
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None:
-        log.error("%s crashed: %s: %s", task.get_name(), type(exc).__name__, exc, exc_info=exc)
