@@ -43,6 +43,8 @@ SHORT_PROMPT = "the quick brown narwhal jumps over the lazy walrus"
 LONG_PROMPT = " ".join(f"narwhal{i % 97} tusk{i % 31}" for i in range(1000))
 # 8,000 characters exactly (the issue-26 row; LONG_PROMPT is 2,000 words, 16,561 characters)
 PROMPT_8K = LONG_PROMPT[:8000]
+# 2,000 characters exactly (the issue-26 "2,000-character" row)
+PROMPT_2K = LONG_PROMPT[:2000]
 
 # -- CPU pinning -----------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import (
     LONG_PROMPT,
     MODEL,
+    PROMPT_2K,
     PROMPT_8K,
     SHORT_PROMPT,
     Pinning,
@@ -55,7 +56,7 @@ from fleet.fleetgen import fleet_document, sim_command
 from narwhal_testing.fleet import vllm_router_command
 from narwhal_testing.procs import BIN, Proc, ProcGroup, free_port, proc_group, script, wait_http
 
-PROMPTS = {"short": SHORT_PROMPT, "8k": PROMPT_8K, "long": LONG_PROMPT}
+PROMPTS = {"short": SHORT_PROMPT, "2k": PROMPT_2K, "8k": PROMPT_8K, "long": LONG_PROMPT}
 
 
 BASELINE = "narwhal-base"
@@ -96,11 +97,12 @@ def start_narwhal(
     decodes: list[str],
     name: str = "narwhal",
     exe: str = "",
+    extra: dict[str, Any] | None = None,
 ) -> System:
     """``narwhal-serve`` of this checkout, or ``exe`` (another checkout's, for a before/after)."""
     engines = [(f"e{i}", u, "prefill") for i, u in enumerate(prefills)]
     engines += [(f"e{i + 2}", u, "decode") for i, u in enumerate(decodes)]
-    doc = fleet_document(engines, model=MODEL, state_path=str(tmp / f"{name}.state.json"))
+    doc = fleet_document(engines, model=MODEL, state_path=str(tmp / f"{name}.state.json"), extra=extra)
     (tmp / f"{name}.fleet.json").write_text(json.dumps(doc, indent=2))
     port = free_port()
     cmd = [
@@ -403,8 +405,8 @@ def main() -> int:
     ap.add_argument(
         "--prompts",
         type=lambda s: s.split(","),
-        default=["short", "8k", "long", "short-256"],
-        help="workloads: short / 8k (8,000 characters) / long (16,561) prompt with --max-tokens output, or <prompt>-<N> for N tokens",
+        default=["short", "2k", "8k", "long", "short-256"],
+        help="workloads: short / 2k / 8k (2,000 / 8,000 characters) / long (16,561) prompt with --max-tokens output, or <prompt>-<N> for N tokens",
     )
     ap.add_argument(
         "--systems",

@@ -153,13 +153,19 @@ class EngineControl:
         version = version_doc.get("version") if isinstance(version_doc, dict) else None
         if not isinstance(version, str) or not version:
             raise EngineAnswerError("/version has no version string")
-        metrics = await c.get(url + "/metrics", headers=self.headers, timeout=self.control_timeout)
-        if metrics.status_code != 200:
-            raise EngineAnswerError(f"/metrics answered HTTP {metrics.status_code}")
-        identity = Identity(version, parse_process_start(metrics.text))
+        identity = Identity(version, await self.process_start(iid))
         if self.builds is not None:
             self.builds.saw_identity(iid, identity.version, identity.process_start)
         return identity
+
+    async def process_start(self, iid: str) -> float:
+        """The live process start alone (``/metrics``): what tells a restarted process apart."""
+        metrics = await self.client().get(
+            self.spec(iid).url + "/metrics", headers=self.headers, timeout=self.control_timeout
+        )
+        if metrics.status_code != 200:
+            raise EngineAnswerError(f"/metrics answered HTTP {metrics.status_code}")
+        return parse_process_start(metrics.text)
 
     async def attestation(self, iid: str) -> Any:
         url = self.spec(iid).attestation_url

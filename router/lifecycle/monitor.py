@@ -8,7 +8,11 @@ whole-wave hold is active):
 * every ``recovery.liveness_every`` passes: ``GET /health`` of engines that are neither ejected nor
   held; ``liveness_misses`` misses in a row eject (``liveness``); engines that answered get their
   identity checked, and a process start that changed behind the router's back is ejected
-  (``process_identity``, event ``process_excluded``) on contracted fleets;
+  (``process_identity``, event ``process_excluded``) on contracted fleets. The sweep reads every
+  engine's process start (``/metrics``) each time; ``/version`` and the attestation are read again
+  only when that start is not the accepted one this monitor already verified them for (a process
+  keeps its build and its attestation for life), so a restarted or replaced process takes the full
+  check, as before, and an unchanged one costs one read instead of three;
 * recovery of ejected engines runs through the prober's ``recovery_validator`` (contracted fleets):
   ``individual`` → lifecycle recovery validation on the running process; ``whole_wave`` → restart hold.
   Without a prober, this monitor runs the same pass every ``recovery.readmit_every`` passes.
@@ -99,6 +103,8 @@ class LifecycleMonitor:
         self.contracted = cfg.engine_contract is not None
         self.interval_s = cfg.controller.monitor_interval_s
         self.misses: dict[str, int] = {}
+        # iid → the process start whose /version + attestation the last full identity read verified
+        self.verified: dict[str, float] = {}
         self.passes = 0
         self.health = MonitorHealth(cfg.controller.monitor_failure_limit)
         self._tasks = Tasks(log)
@@ -193,7 +199,8 @@ class LifecycleMonitor:
         await check_served_models(
             self.control, core.scheduler, core.config.model, targets, core.clock, core.journal.append
         )
-        results = await asyncio.gather(*(self._live_start(i) for i in targets))
+        read = self._live_start if engines is None else self._sweep_start  # full at start/takeover
+        results = await asyncio.gather(*(read(i) for i in targets))
         for iid, (start, problem) in zip(targets, results, strict=True):
             if not self.core.controls_fleet():
                 return
@@ -215,7 +222,29 @@ class LifecycleMonitor:
         if engines is None:
             self.core.identities_ready = True
 
+    async def _sweep_start(self, iid: str) -> tuple[float | None, str]:
+        """The sweep's identity read: the process start alone while it is the accepted process
+        this monitor verified; anything else (first sighting, restart, unreadable) the full read."""
+        known = self.verified.get(iid)
+        if known is None or not same_process(known, self.machine.process_starts.get(iid)):
+            return await self._live_start(iid)
+        try:
+            start = await self.control.process_start(iid)
+        except Exception as exc:
+            return None, f"identity unreadable: {type(exc).__name__}"
+        if same_process(start, known):
+            return start, ""
+        return await self._live_start(iid)
+
     async def _live_start(self, iid: str) -> tuple[float | None, str]:
+        start, problem = await self._read_identity(iid)
+        if start is not None and not problem:
+            self.verified[iid] = start
+        else:
+            self.verified.pop(iid, None)
+        return start, problem
+
+    async def _read_identity(self, iid: str) -> tuple[float | None, str]:
         try:
             identity = await self.control.identity(iid)
         except Exception as exc:
