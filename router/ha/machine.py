@@ -32,6 +32,7 @@ from typing import Generic, Protocol, TypeVar
 
 RENEWAL_FAILED = "lease renewal failed"
 HELD_ELSEWHERE = "lease held by another router"
+NO_FRESH_HANDOFF = "no fresh handoff"
 
 
 class EpochDoc(Protocol):
@@ -90,6 +91,15 @@ class Tick:
 
 
 @dataclass(frozen=True)
+class Enter:
+    """An entry's trigger decided by its shell (a standby's misses counted by its probe loop, an
+    etcd holder key found vacant, a renewal lost to a store error): take the one takeover path."""
+
+    now: float
+    entry: Entry
+
+
+@dataclass(frozen=True)
 class Probed(Generic[D]):
     """A standby's poll of its primary: the lease-validated snapshot, or None (a miss)."""
 
@@ -128,6 +138,8 @@ class HandoffRead(Generic[D]):
     now: float
     kind: str  # "ok" | "missing" | "damaged" | "unreadable"
     doc: D | None = None
+    reason: str = ""  # why the durable copy is damaged or unreadable
+    poll_fresh: bool = True  # standby: its polled snapshot is young enough to use without a durable copy
 
 
 @dataclass(frozen=True)
@@ -171,6 +183,7 @@ class Persisted:
 Event = (
     Started
     | Tick
+    | Enter
     | Probed[D]
     | Claimed
     | Held
@@ -331,6 +344,10 @@ def step(rules: Rules, c: Control[D], ev: Event[D]) -> Step[D]:
         return begin(rules, c, Entry.START)
     if isinstance(ev, Tick):
         return _tick(rules, c, ev.now)
+    if isinstance(ev, Enter):
+        if c.phase in (Phase.CLAIM, Phase.READ, Phase.APPLY, Phase.ACTIVATE, Phase.CONTROL):
+            return c, ()  # already on the path, or controlling
+        return begin(rules, c, ev.entry)
     if isinstance(ev, Probed):
         return _probed(rules, c, ev)
     if isinstance(ev, ChangeRequested):
@@ -349,7 +366,7 @@ def step(rules: Rules, c: Control[D], ev: Event[D]) -> Step[D]:
         return _read(rules, c, ev)
     if c.phase is Phase.APPLY and isinstance(ev, Applied):
         if not ev.ok:
-            return _fence(rules, c, ev.now, f"takeover refused: {ev.why}", release=True)
+            return _fence(rules, c, ev.now, ev.why or "takeover refused", release=True)
         if ev.now >= c.valid_until:
             return _lost_in_takeover(rules, c, ev.now, "lease expired while applying handoff")
         return replace(c, phase=Phase.ACTIVATE), (Activate(c.epoch),)
@@ -404,8 +421,8 @@ def _claim_answer(rules: Rules, c: Control[D], ev: Event[D]) -> Step[D]:
             seen=max(c.seen, ev.previous_epoch),
         )
         return nxt, (ReadHandoff(),)
-    if isinstance(ev, StoreFailed):
-        return _not_now(rules, c, ev.now, f"lease unavailable: {ev.reason}")
+    if isinstance(ev, StoreFailed):  # (the shell says why: "lease unavailable: …", damaged record)
+        return _not_now(rules, c, ev.now, ev.reason)
     if not isinstance(ev, Held):
         return c, ()
     c = replace(c, seen=max(c.seen, ev.epoch))
@@ -428,18 +445,43 @@ def _claim_answer(rules: Rules, c: Control[D], ev: Event[D]) -> Step[D]:
 
 def _read(rules: Rules, c: Control[D], ev: HandoffRead[D]) -> Step[D]:
     if ev.now >= c.valid_until:
-        return _lost_in_takeover(rules, c, ev.now, "lease expired while reading the handoff")
+        why = "lease expired while reading the handoff" + (
+            ": still unreadable" if ev.kind == "unreadable" else ""
+        )
+        return _lost_in_takeover(rules, c, ev.now, why)
     if ev.kind == "unreadable":  # never take control without the durable state: read again
         return replace(c, reason="handoff unreadable"), (ReadHandoff(),)
     durable = ev.doc if ev.kind == "ok" else None
+    if c.entry is Entry.STANDBY:
+        return _standby_read(rules, c, ev, durable)
     if ev.kind == "damaged":  # the damaged copy may have held the last epoch's acknowledged state
         if c.polled is None or c.polled.epoch < c.record_previous:
             return _fence(rules, c, ev.now, "handoff damaged and no snapshot of the last epoch", release=True)
-    chosen = freshest(c.polled, durable) if c.entry is Entry.STANDBY else durable
+    chosen = durable
     if chosen is None or (c.previous and chosen.epoch <= c.previous):  # nothing, or our own
         return replace(c, phase=Phase.ACTIVATE), (Activate(c.epoch),)
     if chosen.epoch >= c.epoch:
         why = f"handoff epoch {chosen.epoch} cannot precede claimed epoch {c.epoch}"
+        return _fence(rules, c, ev.now, why, release=True)
+    nxt = replace(c, phase=Phase.APPLY, seen=max(c.seen, chosen.epoch))
+    return nxt, (Apply(chosen, c.entry),)
+
+
+def _standby_read(rules: Rules, c: Control[D], ev: HandoffRead[D], durable: D | None) -> Step[D]:
+    """A standby always takes over *with* a handoff: the newest of its poll (only while fresh,
+    unless a durable copy is there) and the durable copy; none at all: back to shadowing."""
+    polled = c.polled if ev.poll_fresh or durable is not None else None
+    chosen = freshest(polled, durable)
+    if chosen is None:  # the poll aged out meanwhile and there is no durable copy
+        return _lost_in_takeover(rules, c, ev.now, NO_FRESH_HANDOFF)
+    if chosen.epoch >= c.epoch:
+        why = f"handoff epoch {chosen.epoch} cannot precede claimed epoch {c.epoch}"
+        return _fence(rules, c, ev.now, why, release=True)
+    if ev.kind == "damaged" and chosen.epoch < c.record_previous:  # it may have held that epoch's acks
+        why = (
+            f"{ev.reason or 'handoff damaged'}; the newest valid handoff (epoch {chosen.epoch}) is older "
+            f"than the lease's last epoch {c.record_previous}"
+        )
         return _fence(rules, c, ev.now, why, release=True)
     nxt = replace(c, phase=Phase.APPLY, seen=max(c.seen, chosen.epoch))
     return nxt, (Apply(chosen, c.entry),)

@@ -6,13 +6,21 @@ peek), the ``HandoffStore`` (read), and three typed callbacks given by the compo
 control: identity validation, loops; "" or why not) and ``persist`` (the fenced write). Its answer
 is fed back to the machine as the next event, until no effect is left.
 
-Not yet wired into ``HAService`` (which still runs ``keeper.py`` / ``standby.py``); exercised
-against the real file lease in ``tests/unit/ha/test_shell.py``.
+The lease object is the authority on validity during a takeover: the ``now`` of each answer
+fed back between the claim and activation is placed on the right side of the machine's
+``valid_until`` by ``lease.valid()`` (the two clocks never disagree about a deadline). The handoff
+is read with ``read_after_claim`` (read again, with backoff, while unreadable, as long as the fresh
+lease is valid).
+
+``StandbyLoop.try_takeover`` (``router/ha/standby.py``) takes over through this shell (the
+``STANDBY`` entry); the other entries still run ``keeper.py`` (docs/architecture.md, "The path of
+a takeover"). Exercised against the real file lease in ``tests/unit/ha/test_shell.py``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 
@@ -21,7 +29,7 @@ from router.ha import machine as m
 from router.ha.handoff import Handoff
 from router.ha.lease import LeaseError
 from router.ha.lease_backend import ControlLease
-from router.ha.persist import HandoffStore, PersistError
+from router.ha.persist import HandoffStore, PersistError, read_after_claim
 
 log = logging.getLogger("narwhal.ha")
 
@@ -29,6 +37,7 @@ ApplyFn = Callable[[Handoff, m.Entry], tuple[bool, str]]
 ActivateFn = Callable[[int], Awaitable[str]]
 PersistFn = Callable[[], Awaitable[None]]
 ProbeFn = Callable[[], Awaitable[Handoff | None]]
+TAKING_OVER = (m.Phase.READ, m.Phase.APPLY, m.Phase.ACTIVATE)
 READ_KINDS = {"ok": "ok", "missing": "missing", "unreadable": "unreadable"}  # anything else: damaged
 
 
@@ -37,7 +46,7 @@ class ControlShell:
         self,
         rules: m.Rules,
         lease: ControlLease,
-        store: HandoffStore,
+        store: HandoffStore | None,
         clock: Clock,
         *,
         apply: ApplyFn,
@@ -45,6 +54,9 @@ class ControlShell:
         persist: PersistFn,
         probe: ProbeFn | None = None,
         report: Callable[[m.Report], None] | None = None,
+        note: Callable[[str], None] | None = None,
+        poll_fresh: Callable[[Handoff], bool] | None = None,
+        read_retry_s: float = 0.01,
     ) -> None:
         self.rules = rules
         self.lease = lease
@@ -55,6 +67,10 @@ class ControlShell:
         self.persist = persist
         self.probe = probe
         self.report = report
+        self.note = note  # why the handoff cannot be read yet (while reading it again)
+        self.poll_fresh = poll_fresh  # standby: may its polled snapshot be used without a durable copy
+        self.read_retry_s = read_retry_s
+        self.claim_outcome = ""  # the last claim: "claimed" | "held" | "damaged" | "error"
         self.state: m.Control[Handoff] = m.Control()
         self.acked: list[int] = []
         self.refused: list[tuple[int, str]] = []
@@ -78,19 +94,30 @@ class ControlShell:
     async def tick(self) -> None:
         await self.feed(m.Tick(self.now()))
 
+    async def enter(self, entry: m.Entry) -> None:
+        await self.feed(m.Enter(self.now(), entry))
+
+    def _takeover_now(self) -> float:
+        """``now`` for an answer during a takeover, on the side of ``valid_until`` the lease says."""
+        now, until = self.now(), self.state.valid_until
+        if self.state.phase not in TAKING_OVER:
+            return now
+        if self.lease.valid():
+            return min(now, math.nextafter(until, -math.inf))
+        return max(now, until)
+
     async def run(self, effect: m.Effect[Handoff]) -> m.Event[Handoff] | None:
         now = self.now
         if isinstance(effect, m.Claim):
             return await self._claim(effect.floor)
         if isinstance(effect, m.ReadHandoff):
-            found = await self.store.read()
-            return m.HandoffRead(now(), READ_KINDS.get(found.kind, "damaged"), found.doc)
+            return await self._read()
         if isinstance(effect, m.Apply):
             applied, why = self.apply(effect.doc, effect.entry)
-            return m.Applied(now(), applied, why)
+            return m.Applied(self._takeover_now(), applied, why)
         if isinstance(effect, m.Activate):
             why = await self.activate(effect.epoch)
-            return m.Activated(now(), not why, why)
+            return m.Activated(self._takeover_now(), not why, why)
         if isinstance(effect, m.Renew):
             try:
                 renewed = await self.lease.renew()
@@ -120,20 +147,41 @@ class ControlShell:
             self.report(effect)
         return None
 
+    async def _read(self) -> m.Event[Handoff]:
+        """The durable handoff after the claim (read again while unreadable: ``read_after_claim``)."""
+        fresh = self.poll_fresh
+        polled = self.state.polled
+        poll_fresh = fresh is None or polled is None or fresh(polled)
+        if self.store is None:  # no durable copy configured: the poll alone (the peer's rule)
+            return m.HandoffRead(self._takeover_now(), "missing", None, "", poll_fresh)
+        note = self.note if self.note is not None else (lambda _: None)
+        found = await read_after_claim(self.store, self.lease, note, self.read_retry_s)
+        if found is None:  # the fresh lease ran out while the copy stayed unreadable
+            return m.HandoffRead(max(self.now(), self.state.valid_until), "unreadable")
+        if fresh is not None and polled is not None:
+            poll_fresh = fresh(polled)  # (the read may have taken a while)
+        kind = READ_KINDS.get(found.kind, "damaged")
+        return m.HandoffRead(self._takeover_now(), kind, found.doc, found.reason, poll_fresh)
+
     async def _claim(self, floor: int) -> m.Event[Handoff]:
         lease = self.lease
+        self.claim_outcome = "error"
         try:
             claimed = await lease.claim(floor)
         except LeaseError as exc:
-            return m.StoreFailed(self.now(), str(exc))
+            return m.StoreFailed(self.now(), f"lease unavailable: {exc}")
         if claimed:
-            return m.Claimed(self.now(), lease.epoch, lease.previous_epoch, self.now() + lease.remaining())
+            self.claim_outcome = "claimed"
+            now = self.now()
+            return m.Claimed(now, lease.epoch, lease.previous_epoch, now + lease.remaining())
         if lease.problem:  # a damaged record: waited out, in case its holder is alive
+            self.claim_outcome = "damaged"
             return m.StoreFailed(self.now(), f"lease record damaged: {lease.problem}")
+        self.claim_outcome = "held"
         try:
             record = await lease.peek()
         except LeaseError as exc:
-            return m.StoreFailed(self.now(), str(exc))
+            return m.StoreFailed(self.now(), f"lease unavailable: {exc}")
         if record is None:  # vacant again since the claim: the next attempt claims it
             return m.StoreFailed(self.now(), "lease changed hands during the claim")
         return m.Held(self.now(), record.epoch, record.expires_at)

@@ -8,7 +8,6 @@ mirrors the primary. Every exit path on which the router is still standby releas
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -18,12 +17,14 @@ from typing import Any
 import httpx
 
 from router.core import RouterCore
+from router.ha import machine as m
 from router.ha import statefile
 from router.ha.handoff import Handoff, HandoffError, HandoffVersionError, validate
 from router.ha.lease import Lease, LeaseError, LeaseRecord
 from router.ha.lease_backend import ControlLease, as_control_lease
-from router.ha.persist import FileHandoffStore, HandoffStore, read_after_claim
+from router.ha.persist import FileHandoffStore, HandoffStore
 from router.ha.settings import HARuntime
+from router.ha.shell import ControlShell
 from router.ha.transfer import Handover
 
 log = logging.getLogger("narwhal.ha.standby")
@@ -217,59 +218,95 @@ class StandbyLoop:
         return done
 
     async def _attempt_takeover(self) -> bool:
-        """Claim first, then read the shared handoff (the old holder is fenced by the claim, so no
-        acknowledgement can land after that read), then apply the newest of it and the poll."""
+        """The ``STANDBY`` entry of the one takeover path (``router/ha/machine.py``, run by its
+        shell): claim first, then read the shared handoff (the old holder is fenced by the claim,
+        so no acknowledgement can land after that read), then apply the newest of it and the poll,
+        then activate. True when the loop must end (took over, or refused for good)."""
         control, clock = self.core.control, self.core.clock
         if not await self._may_take_over():
-            control.failover_blocked = "no fresh handoff"
+            control.failover_blocked = m.NO_FRESH_HANDOFF
             return False
-        floor = max(self.doc.epoch if self.doc is not None else 0, self._shared_epoch)
-        try:  # epochs never go backwards: above the record's and every handoff's epoch
-            claimed = await self.lease.claim(floor)
-        except LeaseError as exc:
-            control.failover_blocked = f"lease unavailable: {exc}"
-            return False
-        if not claimed:
-            if self.lease.problem:  # damaged record: waited out, in case its holder is alive
-                control.failover_blocked = f"lease record damaged: {self.lease.problem}"
+        shell = self._shell()
+        shell.state = m.Control(
+            phase=m.Phase.SHADOW, entry=m.Entry.STANDBY, polled=self.doc, seen=self._shared_epoch
+        )
+        await shell.enter(m.Entry.STANDBY)
+        state = shell.state
+        if shell.claim_outcome in ("held", "damaged"):  # another holder's unexpired lease
+            if shell.claim_outcome == "damaged":  # waited out, in case its holder is alive
+                control.failover_blocked = state.reason
             await self.lease.wait_vacant(self.settings.lease_ttl_s)  # etcd: a watch on the holder key
-            return False  # another holder's unexpired lease: keep shadowing
-        epoch = self.lease.epoch
+            return False  # keep shadowing
+        if state.phase is m.Phase.CONTROL:
+            self._took_over(state.epoch, clock.monotonic())
+            return True
+        if shell.claim_outcome == "claimed":  # the takeover itself did not go through
+            if state.phase is m.Phase.FENCED:
+                log.error("standby: takeover refused: %s", state.reason)
+            else:  # the lease ran out during the takeover (a loaded host): the next miss claims again
+                log.warning("standby: takeover interrupted, retrying: %s", state.reason)
+        return state.phase is m.Phase.FENCED
+
+    def _shell(self) -> ControlShell:
+        settings = self.settings
+        rules = m.Rules(
+            standby=True,
+            contends=self.lease.contends,
+            takeover_after=settings.standby_takeover_after,
+            probe_every=settings.standby_probe_interval_s,
+            renew_every=settings.lease_renew_interval_s,
+            retry_every=self._read_retry_s,
+        )
+        return ControlShell(
+            rules,
+            self.lease,
+            self.shared,
+            self.core.clock,
+            apply=self._apply,
+            activate=self._activate,
+            persist=_written_by_activate,
+            report=self._report,
+            note=self._note_blocked,
+            poll_fresh=self._poll_fresh,
+            read_retry_s=self._read_retry_s,
+        )
+
+    def _poll_fresh(self, doc: Handoff) -> bool:
+        now, max_age = self.core.clock.wall(), self.settings.standby_max_handoff_age_s
+        return takeover_handoff(doc, None, now, max_age) is not None
+
+    def _apply(self, doc: Handoff, _: m.Entry) -> tuple[bool, str]:
+        """The machine's ``Apply``: the whole handoff (lifecycle + breaker)."""
+        if doc is not self.doc:
+            log.info("standby: taking over with the holder's shared handoff (at %.3f)", doc.at)
+        self.doc = doc
+        self._shared_epoch = max(self._shared_epoch, doc.epoch)
+        return self.handover.apply(doc)
+
+    async def _activate(self, epoch: int) -> str:
         if self.lease.recovered:
             log.error("standby: lease record recovered: %s", self.lease.recovered)
-        if not await self._read_shared():
-            return await self._retry_later("lease expired while reading the handoff: still unreadable")
-        doc = self._chosen()
-        if doc is None:  # the poll aged out meanwhile and there is no durable copy
-            return await self._stand_down("no fresh handoff", for_good=False)
-        self.doc = doc
-        if doc.epoch >= epoch:
-            return await self._refuse(f"handoff epoch {doc.epoch} cannot precede claimed epoch {epoch}")
-        if self._shared_damage and doc.epoch < self.lease.previous_epoch:
-            return await self._refuse(  # the damaged copy may have held that epoch's acknowledged state
-                f"{self._shared_damage}; the newest valid handoff (epoch {doc.epoch}) is older than "
-                f"the lease's last epoch {self.lease.previous_epoch}"
-            )
-        applied, why = self.handover.apply(doc)
-        if not applied:
-            return await self._refuse(why)
-        if not self.lease.valid():
-            return await self._retry_later("lease expired while applying handoff")
-        failure = await self.activate(self.lease)
-        if failure:
-            if not self.lease.valid():  # a slow takeover, not a bad handoff: try again, never give up
-                return await self._retry_later(failure)
-            return await self._refuse(failure)
-        self.takeover_gap_s = clock.monotonic() - (self.last_good_mono or clock.monotonic())
+        return await self.activate(self.lease)
+
+    def _report(self, report: m.Report) -> None:
+        """Not controlling after a claim (refused, or the lease ran out): back to standby with
+        the reason (the shell released the lease). A held lease changes nothing: shadowing."""
+        if report.controlling or report.reason == "shadowing":
+            return
+        self.core.control.standby = True
+        self.core.control.failover_blocked = report.reason
+
+    def _took_over(self, epoch: int, now: float) -> None:
+        doc = self.doc
+        self.takeover_gap_s = now - (self.last_good_mono or now)
         log.warning(
             "TAKEOVER: claimed epoch %d after %d failed probes; applied run %s with %d roles; %.2fs since last good answer",
             epoch,
             self.misses,
-            doc.run,
-            len(doc.roles),
+            doc.run if doc is not None else "",
+            len(doc.roles) if doc is not None else 0,
             self.takeover_gap_s,
         )
-        return True
 
     async def _may_take_over(self) -> bool:
         """Before claiming: is there anything to take over with? (A fresh poll, or a shared copy
@@ -290,33 +327,6 @@ class StandbyLoop:
             self._shared_epoch = max(self._shared_epoch, found.doc.epoch)
         return fresh_poll or found.kind in ("ok", "unreadable")
 
-    async def _read_shared(self) -> bool:
-        """After the claim: the shared handoff, read again while unreadable (never skipped for
-        the poll). False when the fresh lease ran out first."""
-        self._shared = None
-        self._shared_damage = ""
-        if self.shared is None:  # no durable copy configured: the poll alone (the peer's rule)
-            return True
-        found = await read_after_claim(self.shared, self.lease, self._note_blocked, self._read_retry_s)
-        if found is None:
-            return False
-        self._shared_damage = found.reason if found.kind not in ("ok", "missing") else ""
-        if self._shared_damage:
-            log.warning("standby: shared handoff unusable (%s), keeping the polled one", found.reason)
-        self._shared = found.doc
-        if found.doc is not None:
-            self._shared_epoch = max(self._shared_epoch, found.doc.epoch)
-        return True
-
-    def _chosen(self) -> Handoff | None:
-        """The newest of the poll and the shared copy; ``takeover_handoff`` applies the freshness
-        rule for polls."""
-        now, max_age = self.core.clock.wall(), self.settings.standby_max_handoff_age_s
-        chosen = takeover_handoff(self.doc, self._shared, now, max_age)
-        if chosen is not self.doc and chosen is not None:
-            log.info("standby: taking over with the holder's shared handoff (at %.3f)", chosen.at)
-        return chosen
-
     def _note_blocked(self, why: str) -> None:
         self.core.control.failover_blocked = why  # still standby: not controlling while unreadable
 
@@ -324,21 +334,6 @@ class StandbyLoop:
     def _read_retry_s(self) -> float:
         return max(0.01, self.settings.lease_renew_interval_s / 4)
 
-    async def _retry_later(self, why: str) -> bool:
-        """The lease ran out during the takeover itself (a loaded host): stay standby and keep
-        shadowing, so the next missed probe claims again (a higher epoch) instead of leaving the
-        fleet without a controller for good."""
-        log.warning("standby: takeover interrupted, retrying: %s", why)
-        return await self._stand_down(why, for_good=False)
 
-    async def _refuse(self, why: str) -> bool:
-        log.error("standby: takeover refused: %s", why)
-        return await self._stand_down(why, for_good=True)
-
-    async def _stand_down(self, why: str, *, for_good: bool) -> bool:
-        """Back to standby with the reason, lease released; True ends the shadowing loop."""
-        self.core.control.standby = True
-        self.core.control.failover_blocked = why
-        with contextlib.suppress(LeaseError):
-            await self.lease.release()
-        return for_good
+async def _written_by_activate() -> None:
+    """``Persist`` after activation: ``HAService._activate`` already wrote the claimed epoch."""
