@@ -16,9 +16,11 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from router.clock import Clock, SystemClock
+from router.ha import machine as m
 from router.ha.control import ControlState
 from router.ha.lease import Lease, LeaseError, LeaseRecord, renewed_since
 from router.ha.lease_backend import ControlLease, as_control_lease
+from router.ha.shell import ControlShell
 
 log = logging.getLogger("narwhal.ha")
 RENEWAL_FAILED = "lease renewal failed"
@@ -41,6 +43,7 @@ class LeaseKeeper:
         epoch_floor: Callable[[], Awaitable[int]],
         on_claimed: Callable[[int], Awaitable[str]],
         clock: Clock | None = None,
+        shell: Callable[[], ControlShell] | None = None,
     ) -> None:
         self.lease = as_control_lease(lease)  # the file lease, or etcd (router/ha/lease_backend.py)
         self.control = control
@@ -49,6 +52,8 @@ class LeaseKeeper:
         self.epoch_floor = epoch_floor  # highest epoch in the handoff documents we can read
         # after a (re)claim: (epoch we held before, 0 at start) -> "" or why control must not resume
         self.on_claimed = on_claimed
+        # the control machine's shell (router/ha/shell.py): the RECLAIM entry runs through it
+        self.shell = shell
         self.renewal_errors = 0
         self.reclaims = 0
         # etcd: a router that finds the lease held elsewhere keeps contending (a watch on the
@@ -137,6 +142,8 @@ class LeaseKeeper:
 
     async def claim_until_held(self, previous_epoch: int) -> bool:
         """Retry the claim until it succeeds (True) or another holder owns the lease (False)."""
+        if previous_epoch and self.shell is not None:
+            return await self._reclaim(previous_epoch, self.shell)
         unavailable = "lease renewal failing" if previous_epoch else "lease unavailable"
         while True:
             await asyncio.sleep(self.retry_s)
@@ -161,6 +168,42 @@ class LeaseKeeper:
                 else:  # (a lease found held at start expired unrenewed, or the store answers again)
                     log.warning("lease claimed: epoch %d", self.lease.epoch)
                 return True
+
+    async def _reclaim(self, previous_epoch: int, make_shell: Callable[[], ControlShell]) -> bool:
+        """The ``RECLAIM`` entry of the one takeover path (``router/ha/machine.py``): claim above
+        every epoch seen, read the shared handoff after the claim, apply a newer one another holder
+        wrote meanwhile, resume control. Retried until controlling (True) or refused (False)."""
+        while True:
+            await asyncio.sleep(self.retry_s)
+            shell = make_shell()
+            floor = await self._floor()
+            shell.state = m.Control(
+                phase=m.Phase.WAIT, entry=m.Entry.RECLAIM, previous=previous_epoch, seen=floor
+            )
+            await shell.enter(m.Entry.RECLAIM)
+            state, outcome = shell.state, shell.claim_outcome
+            if outcome == "claimed":
+                self._note_recovery()
+            if state.phase is m.Phase.CONTROL:
+                log.warning("lease claimed again: epoch %d", self.lease.epoch)
+                return True
+            if outcome == "held":  # another live holder owns the lease
+                self._fence(HELD_ELSEWHERE)
+                return await self.contend() if self.contends else False
+            if state.phase is m.Phase.FENCED:
+                self._fence(state.reason)
+                return False
+            if outcome == "claimed":  # the fresh lease ran out first (released): claim again
+                self.control.failover_blocked = state.reason
+                log.warning("claim interrupted, claiming again: %s", state.reason)
+            elif outcome == "damaged":
+                self.control.failover_blocked = state.reason.replace(
+                    "lease record damaged: ", "lease record damaged, waiting for its holder: ", 1
+                )
+            else:
+                self.control.failover_blocked = state.reason.replace(
+                    "lease unavailable: ", "lease renewal failing: ", 1
+                )
 
     async def contend(self) -> bool:
         """etcd: wait (a watch, not a poll) until the holder key vanishes, then claim and take

@@ -454,6 +454,14 @@ def _read(rules: Rules, c: Control[D], ev: HandoffRead[D]) -> Step[D]:
     durable = ev.doc if ev.kind == "ok" else None
     if c.entry is Entry.STANDBY:
         return _standby_read(rules, c, ev, durable)
+    if c.entry is Entry.RECLAIM and ev.kind == "damaged":
+        if c.record_previous <= c.previous:  # nobody else held the lease since: the copy was ours
+            return replace(c, phase=Phase.ACTIVATE), (Activate(c.epoch),)
+        why = (  # another holder's epoch since ours: the damaged copy may hold its acknowledged state
+            f"lease claimed again, but the shared handoff is unusable after epoch {c.record_previous} "
+            f"of another holder: {ev.reason or 'damaged'}"
+        )
+        return _fence(rules, c, ev.now, why, release=True)
     if ev.kind == "damaged":  # the damaged copy may have held the last epoch's acknowledged state
         if c.polled is None or c.polled.epoch < c.record_previous:
             return _fence(rules, c, ev.now, "handoff damaged and no snapshot of the last epoch", release=True)

@@ -27,6 +27,7 @@ from aiohttp import web
 
 from router.control_mode import ControlMode
 from router.core import RouterCore
+from router.ha import machine as m
 from router.ha import statefile
 from router.ha.handoff import Handoff
 from router.ha.keeper import CONTENDED, RENEWAL_FAILED, ClaimInterrupted, LeaseKeeper
@@ -34,6 +35,7 @@ from router.ha.lease import Lease
 from router.ha.lease_backend import ControlLease, as_control_lease, build_backend
 from router.ha.persist import HandoffStore, Persister, PersistError, read_after_claim
 from router.ha.settings import HARuntime
+from router.ha.shell import ControlShell
 from router.ha.standby import StandbyLoop
 from router.ha.transfer import Handover, LifecycleView, ProbeSchedule
 
@@ -133,6 +135,7 @@ class HAService:
                 self._epoch_floor,
                 self._claimed,
                 clock=core.clock,
+                shell=self._control_shell,
             )
             if self.lease is not None
             else None
@@ -226,6 +229,41 @@ class HAService:
         if not applied:
             return f"lease claimed again, but the newer handoff was not applied: {why}"
         log.warning("lease claimed again: %s", why)
+        return ""
+
+    def _control_shell(self) -> ControlShell:
+        """The control machine's shell for this router's lease (re-claim after a store error)."""
+        assert self.lease is not None
+        settings = self.settings
+        rules = m.Rules(
+            contends=self.lease.contends,
+            renew_every=settings.lease_renew_interval_s,
+            retry_every=self._read_retry_s,
+        )
+        return ControlShell(
+            rules,
+            self.lease,
+            self.shared,
+            self.core.clock,
+            apply=self._adopt,
+            activate=self._resume_control,
+            persist=_nothing_to_write,
+            note=self._note_blocked,
+            read_retry_s=self._read_retry_s,
+        )
+
+    def _adopt(self, doc: Handoff, _: m.Entry) -> tuple[bool, str]:
+        """The machine's ``Apply`` after a re-claim: what the mode takes of a newer handoff."""
+        applied, why = self.mode.adopt(doc, self.handover.apply)
+        if not applied:
+            return False, f"lease claimed again, but the newer handoff was not applied: {why}"
+        log.warning("lease claimed again: %s", why)
+        return True, ""
+
+    async def _resume_control(self, _: int) -> str:
+        """The machine's ``Activate`` after a re-claim: control resumes (the loops still run)."""
+        assert self.lease is not None
+        self.core.control.take_control(self.lease)
         return ""
 
     def _note_blocked(self, why: str) -> None:
@@ -430,6 +468,10 @@ class HAService:
             "# TYPE narwhal_persist_degraded gauge",
             f"narwhal_persist_degraded {int(bool(self.persister.degraded))}",
         ]
+
+
+async def _nothing_to_write() -> None:
+    """``Persist`` after a re-claim: the periodic writer (still running) writes the new epoch."""
 
 
 def _log_crash(task: asyncio.Task[None]) -> None:
