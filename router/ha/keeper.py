@@ -190,7 +190,7 @@ class LeaseKeeper:
             if outcome == "held":  # another live holder owns the lease
                 self._fence(HELD_ELSEWHERE)
                 return await self.contend() if self.contends else False
-            if state.phase is m.Phase.FENCED:
+            if state.refusals:  # (etcd: the machine would contend again; the keeper stops here)
                 self._fence(state.reason)
                 return False
             if outcome == "claimed":  # the fresh lease ran out first (released): claim again
@@ -208,6 +208,8 @@ class LeaseKeeper:
     async def contend(self) -> bool:
         """etcd: wait (a watch, not a poll) until the holder key vanishes, then claim and take
         over with the stored handoff. True once this router controls; False if refused for good."""
+        if self.shell is not None:
+            return await self._contend(self.shell)
         while True:
             await self.lease.wait_vacant(max(1.0, 8 * self.interval_s))
             result = await self._claim()
@@ -228,6 +230,35 @@ class LeaseKeeper:
             self.control.take_control(self.lease)
             log.warning("lease taken over: epoch %d", self.lease.epoch)
             return True
+
+    async def _contend(self, make_shell: Callable[[], ControlShell]) -> bool:
+        """The ``CONTEND`` entry of the one takeover path: on a vacant holder key, claim, read the
+        stored handoff after the claim, adopt another holder's, take control."""
+        while True:
+            await self.lease.wait_vacant(max(1.0, 8 * self.interval_s))
+            shell = make_shell()
+            floor = await self._floor()
+            shell.state = m.Control(phase=m.Phase.WAIT, entry=m.Entry.CONTEND, seen=floor)
+            await shell.enter(m.Entry.CONTEND)
+            state, outcome = shell.state, shell.claim_outcome
+            if outcome == "claimed":
+                self._note_recovery()
+            if state.phase is m.Phase.CONTROL:
+                log.warning("lease taken over: epoch %d", self.lease.epoch)
+                return True
+            if outcome == "held":
+                continue  # still held (or just re-claimed by someone else): keep watching
+            if state.refusals:  # the machine released the lease
+                self._fence(state.reason)
+                return False
+            if outcome == "claimed":  # the fresh lease ran out first (released): claim again
+                self.control.failover_blocked = state.reason
+                log.warning("claim interrupted, claiming again: %s", state.reason)
+                continue
+            self.control.failover_blocked = state.reason.replace(
+                "lease record damaged: ", "lease record damaged, waiting for its holder: ", 1
+            )
+            await asyncio.sleep(self.retry_s)
 
     async def _interrupted(self, why: str) -> None:
         """Not controlling, lease released; the caller's loop claims again (a higher epoch)."""

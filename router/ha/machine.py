@@ -282,6 +282,7 @@ class Control(Generic[D]):
     seen: int = 0  # highest handoff epoch seen: every claim goes above it
     waited: tuple[int, float] | None = None  # file lease at start: the held record waited out
     reason: str = ""
+    refusals: int = 0  # takeovers refused (a bad handoff, identity validation): counted by ``_fence``
 
     def controls(self, now: float) -> bool:
         return self.phase is Phase.CONTROL and now < self.valid_until
@@ -321,6 +322,7 @@ def _not_now(rules: Rules, c: Control[D], now: float, reason: str) -> Step[D]:
 def _fence(rules: Rules, c: Control[D], now: float, reason: str, *, release: bool) -> Step[D]:
     """Refused for good; etcd routers keep contending (the file lease keeps the peer rule)."""
     out: tuple[Effect[D], ...] = (Release(),) if release else ()
+    c = replace(c, refusals=c.refusals + 1)
     if rules.contends and not rules.standby:
         nxt = replace(
             c, phase=Phase.WAIT, entry=Entry.CONTEND, epoch=0, due=now + rules.retry_every, reason=reason
@@ -464,7 +466,10 @@ def _read(rules: Rules, c: Control[D], ev: HandoffRead[D]) -> Step[D]:
         return _fence(rules, c, ev.now, why, release=True)
     if ev.kind == "damaged":  # the damaged copy may have held the last epoch's acknowledged state
         if c.polled is None or c.polled.epoch < c.record_previous:
-            return _fence(rules, c, ev.now, "handoff damaged and no snapshot of the last epoch", release=True)
+            why = "handoff damaged and no snapshot of the last epoch"
+            if c.entry is Entry.CONTEND:
+                why = f"lease taken over, but the stored handoff is unusable: {ev.reason or 'damaged'}"
+            return _fence(rules, c, ev.now, why, release=True)
     chosen = durable
     if chosen is None or (c.previous and chosen.epoch <= c.previous):  # nothing, or our own
         return replace(c, phase=Phase.ACTIVATE), (Activate(c.epoch),)

@@ -232,7 +232,8 @@ class HAService:
         return ""
 
     def _control_shell(self) -> ControlShell:
-        """The control machine's shell for this router's lease (re-claim after a store error)."""
+        """The control machine's shell for this router's lease (re-claim after a store error, etcd
+        contender)."""
         assert self.lease is not None
         settings = self.settings
         rules = m.Rules(
@@ -252,8 +253,12 @@ class HAService:
             read_retry_s=self._read_retry_s,
         )
 
-    def _adopt(self, doc: Handoff, _: m.Entry) -> tuple[bool, str]:
-        """The machine's ``Apply`` after a re-claim: what the mode takes of a newer handoff."""
+    def _adopt(self, doc: Handoff, entry: m.Entry) -> tuple[bool, str]:
+        """The machine's ``Apply`` after a re-claim or a contender's claim: what the mode takes of
+        the handoff another holder wrote (a contender's own last handoff: nothing to take)."""
+        assert self.lease is not None
+        if entry is m.Entry.CONTEND and doc.holder == self.lease.holder:
+            return True, ""
         applied, why = self.mode.adopt(doc, self.handover.apply)
         if not applied:
             return False, f"lease claimed again, but the newer handoff was not applied: {why}"
@@ -261,7 +266,8 @@ class HAService:
         return True, ""
 
     async def _resume_control(self, _: int) -> str:
-        """The machine's ``Activate`` after a re-claim: control resumes (the loops still run)."""
+        """The machine's ``Activate`` after a re-claim or a contender's claim: control (the caller
+        starts or keeps the loops)."""
         assert self.lease is not None
         self.core.control.take_control(self.lease)
         return ""
