@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,6 +38,7 @@ from router.ha.settings import HARuntime
 from router.ha.shell import ControlShell
 from router.ha.standby import StandbyLoop
 from router.ha.transfer import Handover, LifecycleView, ProbeSchedule
+from router.tasks import Tasks
 
 log = logging.getLogger("narwhal.ha")
 __all__ = ["RENEWAL_FAILED", "HAService", "choose_resume"]
@@ -141,7 +142,7 @@ class HAService:
             else None
         )
         self.standby_loop: StandbyLoop | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = Tasks(log)  # renewal, writer, standby / claim / contend loops
         self._controlled_at_shutdown: bool | None = None
         self.resume_result: tuple[bool, str] | None = None
         self.takeover_gap_s: float | None = None
@@ -165,17 +166,17 @@ class HAService:
             self.standby_loop = StandbyLoop(
                 self.core, self.settings, self.lease, self.handover, self._activate, shared=self.shared
             )
-            self._spawn(self.standby_loop.run(), "narwhal-standby")
+            self._tasks.spawn(self.standby_loop.run(), "narwhal-standby")
             log.info("standby of %s (lease %s)", self.settings.standby_of, self.lease.describe())
             return
         if self.keeper is not None:
             claimed = await self.keeper.claim_at_start()
             if claimed is False:  # held by another router: fenced (file lease: for good)
                 if self.keeper.contends:  # etcd: claim when the holder key vanishes
-                    self._spawn(self._contend_later(), "narwhal-lease-contend")
+                    self._tasks.spawn(self._contend_later(), "narwhal-lease-contend")
                 return
             if claimed is None:  # store unreachable or record damaged: claim in the background
-                self._spawn(self._claim_later(), "narwhal-lease-claim")
+                self._tasks.spawn(self._claim_later(), "narwhal-lease-claim")
                 return
             assert self.lease is not None
             log.info("lease claimed: epoch %d holder %s", self.lease.epoch, self.lease.holder)
@@ -293,12 +294,7 @@ class HAService:
         controlled = self._controlled_at_shutdown
         if controlled is None:
             controlled = self.core.controls_fleet()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks.clear()
+        await self._tasks.stop()
         self._stopping = True
         if controlled and self.core.controls_fleet():  # final snapshot with the latest counters
             with contextlib.suppress(PersistError):  # (after any write in flight: one lock)
@@ -411,17 +407,12 @@ class HAService:
 
     def _start_loops(self) -> None:
         if self.keeper is not None and self.lease is not None and self.lease.owned:
-            self._spawn(self.keeper.renew_forever(), "narwhal-lease-renewal")
+            self._tasks.spawn(self.keeper.renew_forever(), "narwhal-lease-renewal")
         if self.monitor is not None:  # after claim/resume/takeover: never overwrite an unread file
             self.monitor.add_stage("handoff", self.write_handoff)
             self.monitored = True
         else:
-            self._spawn(self._persist_loop(), "narwhal-handoff-writer")
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        task.add_done_callback(_log_crash)
-        self._tasks.append(task)
+            self._tasks.spawn(self._persist_loop(), "narwhal-handoff-writer")
 
     # -- views -----------------------------------------------------------------------------------
     async def handoff_route(self, _: web.Request) -> web.Response:
@@ -478,11 +469,3 @@ class HAService:
 
 async def _nothing_to_write() -> None:
     """``Persist`` after a re-claim: the periodic writer (still running) writes the new epoch."""
-
-
-def _log_crash(task: asyncio.Task[None]) -> None:
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None:
-        log.error("%s crashed: %s: %s", task.get_name(), type(exc).__name__, exc, exc_info=exc)

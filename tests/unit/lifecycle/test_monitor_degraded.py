@@ -155,7 +155,7 @@ async def test_handoff_write_is_a_monitor_stage_that_degrades_control_not_servin
     await ha.start()
     try:
         assert ha.monitored and ("handoff", ha.write_handoff) in monitor.stages
-        assert ha._tasks == []  # no writer loop of its own: the monitor pass writes
+        assert ha._tasks.running == 0  # no writer loop of its own: the monitor pass writes
         at_start = ha.persist_failures  # the state written when control is taken (its epoch) failed too
         assert at_start == 1
         await monitor.pass_once()
