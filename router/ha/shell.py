@@ -12,9 +12,10 @@ fed back between the claim and activation is placed on the right side of the mac
 is read with ``read_after_claim`` (read again, with backoff, while unreadable, as long as the fresh
 lease is valid).
 
-``StandbyLoop.try_takeover`` (``router/ha/standby.py``) takes over through this shell (the
-``STANDBY`` entry); the other entries still run ``keeper.py`` (docs/architecture.md, "The path of
-a takeover"). Exercised against the real file lease in ``tests/unit/ha/test_shell.py``.
+Three entries gain control through this shell: ``STANDBY`` (``StandbyLoop._attempt_takeover``),
+``RECLAIM`` and ``CONTEND`` (``LeaseKeeper._reclaim`` / ``_contend``, with
+``HAService._control_shell``); start-up still runs the keeper's own claim loop (docs/architecture.md,
+"The path of a takeover"). Exercised against the real file lease in ``tests/unit/ha/test_shell.py``.
 """
 
 from __future__ import annotations
