@@ -25,13 +25,6 @@ from router.ha.shell import ControlShell
 log = logging.getLogger("narwhal.ha")
 RENEWAL_FAILED = "lease renewal failed"
 HELD_ELSEWHERE = "lease held by another router"
-CONTENDED = -1  # ``on_claimed`` argument after taking the lease over from another holder
-
-
-class ClaimInterrupted(Exception):
-    """Raised by ``on_claimed``: the fresh lease ran out before control could begin (the shared
-    handoff stayed unreadable). The keeper releases the lease and claims again later — never a
-    refusal for good (the machine's ``_lost_in_takeover``)."""
 
 
 class LeaseKeeper:
@@ -41,18 +34,18 @@ class LeaseKeeper:
         control: ControlState,
         renew_interval_s: float,
         epoch_floor: Callable[[], Awaitable[int]],
-        on_claimed: Callable[[int], Awaitable[str]],
+        on_claimed: Callable[[], Awaitable[str]],
+        shell: Callable[[], ControlShell],
         clock: Clock | None = None,
-        shell: Callable[[], ControlShell] | None = None,
     ) -> None:
         self.lease = as_control_lease(lease)  # the file lease, or etcd (router/ha/lease_backend.py)
         self.control = control
         self.interval_s = renew_interval_s
         self.retry_s = max(0.01, renew_interval_s / 4)
         self.epoch_floor = epoch_floor  # highest epoch in the handoff documents we can read
-        # after a (re)claim: (epoch we held before, 0 at start) -> "" or why control must not resume
+        # after the start-up claim (``--resume``): "" or why control must not begin
         self.on_claimed = on_claimed
-        # the control machine's shell (router/ha/shell.py): the RECLAIM entry runs through it
+        # the control machine's shell (router/ha/shell.py): the RECLAIM and CONTEND entries
         self.shell = shell
         self.renewal_errors = 0
         self.reclaims = 0
@@ -141,32 +134,27 @@ class LeaseKeeper:
         return True
 
     async def claim_until_held(self, previous_epoch: int) -> bool:
-        """Retry the claim until it succeeds (True) or another holder owns the lease (False)."""
-        if previous_epoch and self.shell is not None:
+        """Retry the claim until it succeeds (True) or another holder owns the lease (False).
+        ``previous_epoch`` > 0 (a re-claim after a store error) is the machine's RECLAIM entry;
+        0 is the start-up claim that did not go through at once."""
+        if previous_epoch:
             return await self._reclaim(previous_epoch, self.shell)
-        unavailable = "lease renewal failing" if previous_epoch else "lease unavailable"
         while True:
             await asyncio.sleep(self.retry_s)
-            result = await self._claim(unavailable)
-            if result is False and not previous_epoch and await self._still_waiting():
+            result = await self._claim()
+            if result is False and await self._still_waiting():
                 continue
             if result is False:
                 self._fence(HELD_ELSEWHERE)
                 return await self.contend() if self.contends else False
             if result:
-                try:
-                    why = await self.on_claimed(previous_epoch)
-                except ClaimInterrupted as exc:
-                    await self._interrupted(str(exc))
-                    continue
+                why = await self.on_claimed()
                 if why:
                     self._fence(why)
                     return False
                 self.control.take_control(self.lease)
-                if previous_epoch:
-                    log.warning("lease claimed again: epoch %d", self.lease.epoch)
-                else:  # (a lease found held at start expired unrenewed, or the store answers again)
-                    log.warning("lease claimed: epoch %d", self.lease.epoch)
+                # (a lease found held at start expired unrenewed, or the store answers again)
+                log.warning("lease claimed: epoch %d", self.lease.epoch)
                 return True
 
     async def _reclaim(self, previous_epoch: int, make_shell: Callable[[], ControlShell]) -> bool:
@@ -207,29 +195,9 @@ class LeaseKeeper:
 
     async def contend(self) -> bool:
         """etcd: wait (a watch, not a poll) until the holder key vanishes, then claim and take
-        over with the stored handoff. True once this router controls; False if refused for good."""
-        if self.shell is not None:
-            return await self._contend(self.shell)
-        while True:
-            await self.lease.wait_vacant(max(1.0, 8 * self.interval_s))
-            result = await self._claim()
-            if result is None:
-                await asyncio.sleep(self.retry_s)
-                continue
-            if result is False:
-                continue  # still held (or just re-claimed by someone else): keep watching
-            try:
-                why = await self.on_claimed(CONTENDED)
-            except ClaimInterrupted as exc:
-                await self._interrupted(str(exc))
-                continue
-            if why:
-                self._fence(why)
-                await self.lease.release()
-                return False
-            self.control.take_control(self.lease)
-            log.warning("lease taken over: epoch %d", self.lease.epoch)
-            return True
+        over with the stored handoff (the machine's CONTEND entry). True once this router
+        controls; False if refused for good."""
+        return await self._contend(self.shell)
 
     async def _contend(self, make_shell: Callable[[], ControlShell]) -> bool:
         """The ``CONTEND`` entry of the one takeover path: on a vacant holder key, claim, read the
@@ -259,15 +227,6 @@ class LeaseKeeper:
                 "lease record damaged: ", "lease record damaged, waiting for its holder: ", 1
             )
             await asyncio.sleep(self.retry_s)
-
-    async def _interrupted(self, why: str) -> None:
-        """Not controlling, lease released; the caller's loop claims again (a higher epoch)."""
-        self.control.failover_blocked = why
-        log.warning("claim interrupted, claiming again: %s", why)
-        try:
-            await self.lease.release()
-        except LeaseError as exc:
-            log.warning("cannot release the interrupted claim: %s", exc)
 
     def _fence(self, reason: str) -> None:
         self.control.fence(reason)

@@ -30,10 +30,10 @@ from router.core import RouterCore
 from router.ha import machine as m
 from router.ha import statefile
 from router.ha.handoff import Handoff
-from router.ha.keeper import CONTENDED, RENEWAL_FAILED, ClaimInterrupted, LeaseKeeper
+from router.ha.keeper import RENEWAL_FAILED, LeaseKeeper
 from router.ha.lease import Lease
 from router.ha.lease_backend import ControlLease, as_control_lease, build_backend
-from router.ha.persist import HandoffStore, Persister, PersistError, read_after_claim
+from router.ha.persist import HandoffStore, Persister, PersistError
 from router.ha.settings import HARuntime
 from router.ha.shell import ControlShell
 from router.ha.standby import StandbyLoop
@@ -135,8 +135,8 @@ class HAService:
                 settings.lease_renew_interval_s,
                 self._epoch_floor,
                 self._claimed,
-                clock=core.clock,
                 shell=self._control_shell,
+                clock=core.clock,
             )
             if self.lease is not None
             else None
@@ -180,7 +180,7 @@ class HAService:
                 return
             assert self.lease is not None
             log.info("lease claimed: epoch %d holder %s", self.lease.epoch, self.lease.holder)
-        await self._claimed(0)
+        await self._claimed()
         await self._controlling()
 
     async def _claim_later(self) -> None:
@@ -199,37 +199,11 @@ class HAService:
         await self.write_handoff()
         self._start_loops()
 
-    async def _claimed(self, previous_epoch: int) -> str:
-        """After a claim: ``--resume`` at start; after a re-claim, a newer handoff written meanwhile
-        by another holder is applied first. Returns "" or why this router must not control; raises
-        ``ClaimInterrupted`` when the lease ran out while the shared handoff stayed unreadable."""
-        if not previous_epoch:
-            if self.settings.resume:
-                await self.resume()
-            return ""
-        if self.shared is None:
-            return ""
-        assert self.lease is not None  # a re-claim or a contender's claim: a lease was claimed
-        found = await read_after_claim(self.shared, self.lease, self._note_blocked, self._read_retry_s)
-        if found is None:  # the fresh lease ran out first: released, claimed again later
-            raise ClaimInterrupted("lease expired while reading the handoff: still unreadable")
-        if previous_epoch == CONTENDED:  # taken over from another holder: its stored handoff
-            if found.kind not in ("ok", "missing"):
-                return f"lease taken over, but the stored handoff is unusable: {found.reason}"
-            if found.doc is None or found.doc.holder == self.lease.holder:
-                return ""
-        elif found.kind not in ("ok", "missing") and self.lease.previous_epoch > previous_epoch:
-            # another router held the lease meanwhile: the damaged copy may hold its acknowledged state
-            return (
-                f"lease claimed again, but the shared handoff is unusable after epoch "
-                f"{self.lease.previous_epoch} of another holder: {found.reason}"
-            )
-        elif found.doc is None or found.doc.epoch <= previous_epoch:
-            return ""
-        applied, why = self.mode.adopt(found.doc, self.handover.apply)
-        if not applied:
-            return f"lease claimed again, but the newer handoff was not applied: {why}"
-        log.warning("lease claimed again: %s", why)
+    async def _claimed(self) -> str:
+        """After the start-up claim: ``--resume`` applies the newest valid document. A re-claim and
+        an etcd contender's claim run through the control machine instead (``_control_shell``)."""
+        if self.settings.resume:
+            await self.resume()
         return ""
 
     def _control_shell(self) -> ControlShell:

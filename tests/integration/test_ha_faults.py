@@ -73,7 +73,11 @@ def test_corrupt_lease_is_rewritten_by_its_holder_and_recovered_by_the_standby(t
             lambda: "rewritten by the holder" in a.get("/ready").json()["lease_problem"],
         )
         assert json.loads(lease_path.read_text())["epoch"] == 1  # parses again, same epoch
-        assert "lease record recovered: lease record is not valid JSON" in a.proc.output()
+        # the log line and /ready's lease_problem are set together; the log reaches us through a pipe
+        wait_for(
+            "holder logs the recovery",
+            lambda: "lease record recovered: lease record is not valid JSON" in a.proc.output(),
+        )
         assert epoch_of(a) == 1 and a.get("/ready").status_code == 200
         # never a second controller; a standby whose probes missed under load may have seen the torn
         # record meanwhile (``lease record damaged`` on its /ready), which its next good probe clears
