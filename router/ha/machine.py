@@ -436,10 +436,12 @@ def _claim_answer(rules: Rules, c: Control[D], ev: Event[D]) -> Step[D]:
         )
         return nxt, (_report(nxt),)
     if c.entry is Entry.START:  # file lease: a held record may be a process that is gone
-        record = (ev.epoch, ev.expires_at)
-        if c.waited is None or c.waited == record:
+        # renewed or taken since (``lease.renewed_since``): a new epoch or a later expiry; left
+        # as it was or released (expiry moved back): its holder may be gone, keep waiting
+        first = c.waited if c.waited is not None else (ev.epoch, ev.expires_at)
+        if ev.epoch == first[0] and ev.expires_at <= first[1]:
             nxt = replace(
-                c, phase=Phase.WAIT, waited=record, due=ev.now + rules.retry_every, reason=HELD_ELSEWHERE
+                c, phase=Phase.WAIT, waited=first, due=ev.now + rules.retry_every, reason=HELD_ELSEWHERE
             )
             return nxt, (_report(nxt),)
     return _fence(rules, c, ev.now, HELD_ELSEWHERE, release=False)  # renewed: its holder is alive

@@ -12,10 +12,10 @@ fed back between the claim and activation is placed on the right side of the mac
 is read with ``read_after_claim`` (read again, with backoff, while unreadable, as long as the fresh
 lease is valid).
 
-Three entries gain control through this shell: ``STANDBY`` (``StandbyLoop._attempt_takeover``),
+All four entries gain control through this shell: ``STANDBY`` (``StandbyLoop._attempt_takeover``),
+``START`` (``LeaseKeeper.claim_at_start`` / ``claim_until_held(0)``, with ``HAService._start_shell``),
 ``RECLAIM`` and ``CONTEND`` (``LeaseKeeper._reclaim`` / ``_contend``, with
-``HAService._control_shell``); start-up still runs the keeper's own claim loop (docs/architecture.md,
-"The path of a takeover"). Exercised against the real file lease in ``tests/unit/ha/test_shell.py``.
+``HAService._control_shell``) (docs/architecture.md, "The path of a takeover"). Exercised against the real file lease in ``tests/unit/ha/test_shell.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from router.clock import Clock
 from router.ha import machine as m
 from router.ha.handoff import Handoff
-from router.ha.lease import LeaseError
+from router.ha.lease import LeaseError, LeaseRecord
 from router.ha.lease_backend import ControlLease
 from router.ha.persist import HandoffStore, PersistError, read_after_claim
 
@@ -72,6 +72,7 @@ class ControlShell:
         self.poll_fresh = poll_fresh  # standby: may its polled snapshot be used without a durable copy
         self.read_retry_s = read_retry_s
         self.claim_outcome = ""  # the last claim: "claimed" | "held" | "damaged" | "error"
+        self.held: LeaseRecord | None = None  # the record a "held" claim found (None: unreadable/vacant)
         self.state: m.Control[Handoff] = m.Control()
         self.acked: list[int] = []
         self.refused: list[tuple[int, str]] = []
@@ -167,6 +168,7 @@ class ControlShell:
     async def _claim(self, floor: int) -> m.Event[Handoff]:
         lease = self.lease
         self.claim_outcome = "error"
+        self.held = None
         try:
             claimed = await lease.claim(floor)
         except LeaseError as exc:
@@ -185,4 +187,5 @@ class ControlShell:
             return m.StoreFailed(self.now(), f"lease unavailable: {exc}")
         if record is None:  # vacant again since the claim: the next attempt claims it
             return m.StoreFailed(self.now(), "lease changed hands during the claim")
+        self.held = record
         return m.Held(self.now(), record.epoch, record.expires_at)
