@@ -14,13 +14,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from router.clock import Clock, SystemClock
 from router.ha import machine as m
 from router.ha.control import ControlState
+from router.ha.handoff import Handoff
 from router.ha.lease import Lease, LeaseError, LeaseRecord, renewed_since
 from router.ha.lease_backend import ControlLease, as_control_lease
-from router.ha.shell import ControlShell
+from router.ha.shell import ActivateFn, ControlShell
 
 log = logging.getLogger("narwhal.ha")
 RENEWAL_FAILED = "lease renewal failed"
@@ -36,6 +38,7 @@ class LeaseKeeper:
         epoch_floor: Callable[[], Awaitable[int]],
         on_claimed: Callable[[], Awaitable[str]],
         shell: Callable[[], ControlShell],
+        start_shell: Callable[[ActivateFn], ControlShell],
         clock: Clock | None = None,
     ) -> None:
         self.lease = as_control_lease(lease)  # the file lease, or etcd (router/ha/lease_backend.py)
@@ -47,6 +50,9 @@ class LeaseKeeper:
         self.on_claimed = on_claimed
         # the control machine's shell (router/ha/shell.py): the RECLAIM and CONTEND entries
         self.shell = shell
+        # the START entry's shell (no handoff read after the claim: ``--resume`` is the activation)
+        self.start_shell = start_shell
+        self._start_state: m.Control[Handoff] | None = None  # START: carried between attempts
         self.renewal_errors = 0
         self.reclaims = 0
         # etcd: a router that finds the lease held elsewhere keeps contending (a watch on the
@@ -63,52 +69,70 @@ class LeaseKeeper:
             log.warning("cannot read handoff epochs before claiming: %s", exc)
             return 0
 
-    async def _claim(self, unavailable: str = "lease unavailable") -> bool | None:
-        """True claimed, False held by another live holder, None not yet (error or damage)."""
+    async def _enter_start(self, immediate: bool) -> ControlShell:
+        """One attempt of the ``START`` entry of the one takeover path (``router/ha/machine.py``):
+        claim above every epoch seen, then Activate = ``on_claimed`` (``--resume``) + take control.
+        The machine's state carries over between attempts (the record waited out at start)."""
+        shell = self.start_shell(self._start_activate(immediate))
         floor = await self._floor()
-        try:
-            claimed = await self.lease.claim(floor)
-        except LeaseError as exc:
-            self.control.failover_blocked = f"{unavailable}: {exc}"
-            return None
-        if claimed:
+        prev = self._start_state
+        base = prev if prev is not None else m.Control[Handoff](entry=m.Entry.START)
+        shell.state = replace(base, phase=m.Phase.WAIT, entry=m.Entry.START, seen=floor)
+        await shell.enter(m.Entry.START)
+        self._start_state = shell.state
+        if shell.claim_outcome == "claimed":
             self._note_recovery()
-            return True
-        if self.lease.problem:
-            self.control.failover_blocked = (
-                f"lease record damaged, waiting for its holder: {self.lease.problem}"
+        return shell
+
+    def _start_activate(self, immediate: bool) -> ActivateFn:
+        async def activate(_: int) -> str:
+            if immediate:
+                log.info("lease claimed: epoch %d holder %s", self.lease.epoch, self.lease.holder)
+            why = await self.on_claimed()
+            if why:
+                return why
+            self.control.take_control(self.lease)
+            return ""
+
+        return activate
+
+    @staticmethod
+    def _not_yet(shell: ControlShell) -> str:
+        """Why a start-up claim did not go through yet (/ready's reason)."""
+        reason = shell.state.reason
+        if shell.claim_outcome == "damaged":
+            return reason.replace(
+                "lease record damaged: ", "lease record damaged, waiting for its holder: ", 1
             )
-            return None
-        return False
+        return reason
 
     async def claim_at_start(self) -> bool | None:
-        """The first claim. None: not yet — the caller runs ``claim_until_held`` in the background.
+        """The first claim (the machine's ``START`` entry). None: not yet — the caller runs
+        ``claim_until_held`` in the background.
 
         File lease: a record held by another holder at start may be a process that is gone (both
         routers of a pair restarted within the TTL). It is waited out: claimed (epoch above every
         epoch seen) once it expires unrenewed; renewed or taken by someone meanwhile, its holder is
         alive and this router is fenced for good (the peer rule). etcd contends instead."""
-        result = await self._claim()
-        if result is False and not self.contends and await self._wait_out_held():
-            result = None
-        if result is False:
-            self._fence(HELD_ELSEWHERE)
-        elif result is None:
-            self.control.standby = True  # not controlling until the claim goes through
-            log.error("lease not claimed yet: %s (retrying)", self.control.failover_blocked)
-        return result
-
-    async def _wait_out_held(self) -> bool:
-        """File lease, held at start: remember the record and wait for it (False: unreadable now)."""
-        try:
-            record = await self.lease.peek()
-        except LeaseError:
+        shell = await self._enter_start(immediate=True)
+        state, outcome = shell.state, shell.claim_outcome
+        if state.phase is m.Phase.CONTROL:
+            return True
+        if outcome == "held":
+            record = shell.held
+            if self.contends or record is None or state.phase is not m.Phase.WAIT:
+                self._fence(HELD_ELSEWHERE)  # (etcd: the caller contends)
+                return False
+            self._held_at_start = record  # file lease: wait it out
+            self._note_waiting(record)
+        elif state.refusals:
+            self._fence(state.reason)
             return False
-        if record is None:
-            return False
-        self._held_at_start = record
-        self._note_waiting(record)
-        return True
+        else:
+            self.control.failover_blocked = self._not_yet(shell)
+        self.control.standby = True  # not controlling until the claim goes through
+        log.error("lease not claimed yet: %s (retrying)", self.control.failover_blocked)
+        return None
 
     def _note_waiting(self, record: LeaseRecord) -> None:
         left = max(0.0, record.expires_at - self.clock.wall())
@@ -117,45 +141,38 @@ class LeaseKeeper:
             f"fenced for good if {record.holder} renews it)"
         )
 
-    async def _still_waiting(self) -> bool:
-        """Claim lost again while waiting out a lease found held at start: True to keep waiting
-        (record unrenewed), False when its holder or a successor is alive."""
-        first = self._held_at_start
-        if first is None:
-            return False
-        try:
-            current = await self.lease.peek()
-        except LeaseError:
-            return True  # damaged or unreadable: the claim's own rules wait it out
-        if renewed_since(first, current):
-            self._held_at_start = None
-            return False
-        self._note_waiting(first)
-        return True
-
     async def claim_until_held(self, previous_epoch: int) -> bool:
         """Retry the claim until it succeeds (True) or another holder owns the lease (False).
         ``previous_epoch`` > 0 (a re-claim after a store error) is the machine's RECLAIM entry;
-        0 is the start-up claim that did not go through at once."""
+        0 is its START entry, retried after the start-up claim did not go through at once."""
         if previous_epoch:
             return await self._reclaim(previous_epoch, self.shell)
         while True:
             await asyncio.sleep(self.retry_s)
-            result = await self._claim()
-            if result is False and await self._still_waiting():
-                continue
-            if result is False:
-                self._fence(HELD_ELSEWHERE)
-                return await self.contend() if self.contends else False
-            if result:
-                why = await self.on_claimed()
-                if why:
-                    self._fence(why)
-                    return False
-                self.control.take_control(self.lease)
+            shell = await self._enter_start(immediate=False)
+            state, outcome = shell.state, shell.claim_outcome
+            if state.phase is m.Phase.CONTROL:
                 # (a lease found held at start expired unrenewed, or the store answers again)
                 log.warning("lease claimed: epoch %d", self.lease.epoch)
                 return True
+            first = self._held_at_start
+            if outcome == "held":
+                # still waiting out the record found held at start (unrenewed, or unreadable now)
+                if (
+                    first is not None
+                    and not self.contends
+                    and state.phase is m.Phase.WAIT
+                    and not (shell.held is not None and renewed_since(first, shell.held))
+                ):
+                    self._note_waiting(first)
+                    continue
+                self._held_at_start = None  # renewed or taken: its holder or a successor is alive
+                self._fence(HELD_ELSEWHERE)
+                return await self.contend() if self.contends else False
+            if state.refusals:
+                self._fence(state.reason)
+                return False
+            self.control.failover_blocked = self._not_yet(shell)
 
     async def _reclaim(self, previous_epoch: int, make_shell: Callable[[], ControlShell]) -> bool:
         """The ``RECLAIM`` entry of the one takeover path (``router/ha/machine.py``): claim above

@@ -35,7 +35,7 @@ from router.ha.lease import Lease
 from router.ha.lease_backend import ControlLease, as_control_lease, build_backend
 from router.ha.persist import HandoffStore, Persister, PersistError
 from router.ha.settings import HARuntime
-from router.ha.shell import ControlShell
+from router.ha.shell import ActivateFn, ControlShell
 from router.ha.standby import StandbyLoop
 from router.ha.transfer import Handover, LifecycleView, ProbeSchedule
 from router.tasks import Tasks
@@ -136,6 +136,7 @@ class HAService:
                 self._epoch_floor,
                 self._claimed,
                 shell=self._control_shell,
+                start_shell=self._start_shell,
                 clock=core.clock,
             )
             if self.lease is not None
@@ -178,9 +179,8 @@ class HAService:
             if claimed is None:  # store unreachable or record damaged: claim in the background
                 self._tasks.spawn(self._claim_later(), "narwhal-lease-claim")
                 return
-            assert self.lease is not None
-            log.info("lease claimed: epoch %d holder %s", self.lease.epoch, self.lease.holder)
-        await self._claimed()
+        else:
+            await self._claimed()
         await self._controlling()
 
     async def _claim_later(self) -> None:
@@ -200,8 +200,10 @@ class HAService:
         self._start_loops()
 
     async def _claimed(self) -> str:
-        """After the start-up claim: ``--resume`` applies the newest valid document. A re-claim and
-        an etcd contender's claim run through the control machine instead (``_control_shell``)."""
+        """The start-up claim's activation (the machine's ``START`` entry, run by the keeper):
+        ``--resume`` applies the newest valid document (``choose_resume`` over the local state file
+        and the shared copy); without it nothing is applied. A re-claim and an etcd contender's
+        claim adopt through ``_control_shell`` instead."""
         if self.settings.resume:
             await self.resume()
         return ""
@@ -209,6 +211,14 @@ class HAService:
     def _control_shell(self) -> ControlShell:
         """The control machine's shell for this router's lease (re-claim after a store error, etcd
         contender)."""
+        return self._shell(self.shared, self._resume_control)
+
+    def _start_shell(self, activate: ActivateFn) -> ControlShell:
+        """The ``START`` entry's shell: no handoff read after the claim (``--resume`` reads the
+        local state file and the shared copy itself, in ``activate``)."""
+        return self._shell(None, activate)
+
+    def _shell(self, store: HandoffStore | None, activate: ActivateFn) -> ControlShell:
         assert self.lease is not None
         settings = self.settings
         rules = m.Rules(
@@ -219,10 +229,10 @@ class HAService:
         return ControlShell(
             rules,
             self.lease,
-            self.shared,
+            store,
             self.core.clock,
             apply=self._adopt,
-            activate=self._resume_control,
+            activate=activate,
             persist=_nothing_to_write,
             note=self._note_blocked,
             read_retry_s=self._read_retry_s,
