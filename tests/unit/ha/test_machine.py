@@ -104,6 +104,14 @@ def test_a_lease_found_held_at_start_is_waited_out_and_fences_once_renewed() -> 
     assert fenced.phase is m.Phase.FENCED
 
 
+def test_a_lease_found_held_at_start_and_released_is_still_waited_out_then_claimed() -> None:
+    c, _ = feed(RULES, m.Control[Doc](), m.Started(0), m.Held(0, 1, 3.0))
+    waiting, _ = feed(RULES, c, m.Tick(1), m.Held(1, 1, 1.0))  # released: expiry moved back
+    assert waiting.phase is m.Phase.WAIT and waiting.waited == (1, 3.0)
+    _, effects = feed(RULES, waiting, m.Tick(2), m.Claimed(2, 2, 1, 9.0))
+    assert kinds(effects) == ["Claim", "ReadHandoff"]
+
+
 def test_a_standby_takes_over_after_misses_and_shadows_on_when_the_lease_is_held() -> None:
     c, _ = feed(STANDBY, m.Control[Doc](), m.Started(0), m.Probed(0, Doc(1, 0.0)))
     c, effects = feed(STANDBY, c, m.Probed[Doc](1, None), m.Probed[Doc](2, None))
