@@ -96,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         options = options_from_args(ns)
         options.validate()  # flag values, before the fleet file is read
+        ha_settings.check_options(options)  # HA: nan/inf lease and standby timings
         config = load_fleet(ns.fleet)
         settings = resolve(config, options)  # once: flags over the fleet file, checked as a whole
     except (ConfigError, ValueError) as exc:

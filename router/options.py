@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from router.ha import settings as ha_settings
-
 
 @dataclass(frozen=True)
 class RouterOptions:
@@ -52,7 +50,8 @@ class RouterOptions:
     control_port: int | None = None
 
     def validate(self) -> None:
-        """Raise ValueError (CLI: exit 2) for flag values that cannot work, before the fleet file is read."""
+        """Raise ValueError (CLI: exit 2) for flag values that cannot work, before the fleet file is read
+        (the HA flags: ``ha.settings.check_options``, which ``cli.main`` and ``from_options`` run)."""
         if self.max_concurrent is not None and self.max_concurrent < 1:
             raise ValueError("--max-concurrent must be >= 1")
         for flag, v in (
@@ -61,4 +60,3 @@ class RouterOptions:
         ):
             if v is not None and (not math.isfinite(v) or v < 0):
                 raise ValueError(f"{flag} must be finite and >= 0")
-        ha_settings.check_options(self)  # HA: nan/inf lease and standby timings

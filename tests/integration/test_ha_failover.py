@@ -190,6 +190,9 @@ def test_sigstop_past_the_lease_fences_the_old_primary(tmp_path: Path) -> None:
         finally:
             a.proc.signal(signal.SIGCONT)
         wait_for("old primary fenced", lambda: a.get("/health").json()["status"] == "fenced")
+        # /health says fenced as soon as the lease is locally invalid ("lease expired"); the thawed
+        # renewal task's failed renewal then fences it for good with its own reason
+        wait_for("renewal fails", lambda: a.get("/ready").json()["reason"] == "lease renewal failed")
         # its own file as the fence left it (a write begun before the freeze may finish after it:
         # state of epoch 1, taken while it held the lease); from here on nothing is written
         primary_file = (tmp_path / "a.state.json").read_bytes()
