@@ -74,15 +74,20 @@ class LeaseKeeper:
         claim above every epoch seen, then Activate = ``on_claimed`` (``--resume``) + take control.
         The machine's state carries over between attempts (the record waited out at start)."""
         shell = self.start_shell(self._start_activate(immediate))
-        floor = await self._floor()
         prev = self._start_state
         base = prev if prev is not None else m.Control[Handoff](entry=m.Entry.START)
-        shell.state = replace(base, phase=m.Phase.WAIT, entry=m.Entry.START, seen=floor)
-        await shell.enter(m.Entry.START)
+        await self._attempt(shell, replace(base, entry=m.Entry.START))
         self._start_state = shell.state
+        return shell
+
+    async def _attempt(self, shell: ControlShell, base: m.Control[Handoff]) -> None:
+        """One attempt of an entry of the takeover path: the machine waits from ``base`` with the
+        epoch floor read now, the shell runs the entry's effects; a recovered record is logged."""
+        floor = await self._floor()
+        shell.state = replace(base, phase=m.Phase.WAIT, seen=floor)
+        await shell.enter(base.entry)
         if shell.claim_outcome == "claimed":
             self._note_recovery()
-        return shell
 
     def _start_activate(self, immediate: bool) -> ActivateFn:
         async def activate(_: int) -> str:
@@ -98,7 +103,8 @@ class LeaseKeeper:
 
     @staticmethod
     def _not_yet(shell: ControlShell) -> str:
-        """Why a start-up claim did not go through yet (/ready's reason)."""
+        """Why a claim did not go through yet (/ready's reason): a damaged record waits for its
+        holder."""
         reason = shell.state.reason
         if shell.claim_outcome == "damaged":
             return reason.replace(
@@ -181,14 +187,8 @@ class LeaseKeeper:
         while True:
             await asyncio.sleep(self.retry_s)
             shell = make_shell()
-            floor = await self._floor()
-            shell.state = m.Control(
-                phase=m.Phase.WAIT, entry=m.Entry.RECLAIM, previous=previous_epoch, seen=floor
-            )
-            await shell.enter(m.Entry.RECLAIM)
+            await self._attempt(shell, m.Control(entry=m.Entry.RECLAIM, previous=previous_epoch))
             state, outcome = shell.state, shell.claim_outcome
-            if outcome == "claimed":
-                self._note_recovery()
             if state.phase is m.Phase.CONTROL:
                 log.warning("lease claimed again: epoch %d", self.lease.epoch)
                 return True
@@ -202,9 +202,7 @@ class LeaseKeeper:
                 self.control.failover_blocked = state.reason
                 log.warning("claim interrupted, claiming again: %s", state.reason)
             elif outcome == "damaged":
-                self.control.failover_blocked = state.reason.replace(
-                    "lease record damaged: ", "lease record damaged, waiting for its holder: ", 1
-                )
+                self.control.failover_blocked = self._not_yet(shell)
             else:
                 self.control.failover_blocked = state.reason.replace(
                     "lease unavailable: ", "lease renewal failing: ", 1
@@ -222,12 +220,8 @@ class LeaseKeeper:
         while True:
             await self.lease.wait_vacant(max(1.0, 8 * self.interval_s))
             shell = make_shell()
-            floor = await self._floor()
-            shell.state = m.Control(phase=m.Phase.WAIT, entry=m.Entry.CONTEND, seen=floor)
-            await shell.enter(m.Entry.CONTEND)
+            await self._attempt(shell, m.Control(entry=m.Entry.CONTEND))
             state, outcome = shell.state, shell.claim_outcome
-            if outcome == "claimed":
-                self._note_recovery()
             if state.phase is m.Phase.CONTROL:
                 log.warning("lease taken over: epoch %d", self.lease.epoch)
                 return True
@@ -240,9 +234,7 @@ class LeaseKeeper:
                 self.control.failover_blocked = state.reason
                 log.warning("claim interrupted, claiming again: %s", state.reason)
                 continue
-            self.control.failover_blocked = state.reason.replace(
-                "lease record damaged: ", "lease record damaged, waiting for its holder: ", 1
-            )
+            self.control.failover_blocked = self._not_yet(shell)
             await asyncio.sleep(self.retry_s)
 
     def _fence(self, reason: str) -> None:
