@@ -288,6 +288,7 @@ class EngineClient:
         self.pool = EnginePool(connect_timeout=eng.health_timeout_s, max_open=self.max_connections)
         self._targets: dict[tuple[str, str], _Target] = {}
         self._watched: set[Response] = set()  # legs in flight (the watchdog's list)
+        self._watching = asyncio.Event()  # set while legs are in flight: an idle watchdog sleeps
         self._tasks = Tasks(logging.getLogger("narwhal.engines"))  # the stream watchdog
         self._ssl: ssl.SSLContext | None = None
         self.traced = False  # OpenTelemetry CLIENT span + traceparent per leg (set at start)
@@ -354,6 +355,7 @@ class EngineClient:
             resp.deadline = deadline
             self._watched.add(resp)
             resp.on_close = self._watched.discard
+            self._watching.set()
             if sent is not None:
                 sent()
                 sent = None
@@ -478,12 +480,16 @@ class EngineClient:
 
     async def _watch_streams(self) -> None:
         """Fail legs past their deadline, and decode streams silent for ``decode_read_timeout_s``
-        (unless the router itself paused reading them). One task for every leg, no timer per leg."""
+        (unless the router itself paused reading them). One task for every leg, no timer per leg;
+        with no leg in flight it waits for the next one instead of ticking (an idle router)."""
         eng = self.config.engine
         limit = min(self.decode_read_timeout_s, eng.first_token_timeout_s, self.prefill_timeout_s)
         tick = min(max(limit / 4, 0.02), 0.5)
         loop = asyncio.get_running_loop()
         while True:
+            if not self._watched:
+                self._watching.clear()
+                await self._watching.wait()
             await asyncio.sleep(tick)
             now = loop.time()
             for resp in list(self._watched):

@@ -13,12 +13,26 @@ is then where a successor finds it. Two places, in this order:
 Every blocking write runs in a worker thread (``asyncio.to_thread``): fsync never stalls serving.
 Writes are serialised by one lock and each builds its document inside it, so an older snapshot
 never lands after a newer one.
+
+The periodic write (``persist(periodic=True)``: the monitor's ``handoff`` stage, every
+``controller.monitor_interval_s``) is skipped while the document says what the last written one
+said — the same lifecycle records, roles, ejections, process starts, demand evidence, epoch and
+holder — unless ``REFRESH_S`` passed since that write or the last write failed. What rides along
+is the snapshot time ``at`` and the serving counters (``counters``, ``outcome_reasons``): they are
+written at least every ``REFRESH_S``, and at once with any other change. Nothing acknowledged
+depends on it (every mutation writes before it answers, periodic or not), the durable copy is
+used by a takeover however old it is (``standby.takeover_handoff``), and a write that fails is
+retried every pass until one succeeds (so recovery is seen at once). What it saves is an idle or
+steadily serving router's fsync pair every second (≈1 ms of CPU per second, docs/benchmarks.md
+§10); what it costs is up to ``REFRESH_S`` of counter increments after a kill -9 and ``--resume``
+(a SIGTERM writes a final snapshot, and a standby's takeover uses its fresher poll).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -27,6 +41,13 @@ from router.ha import statefile
 from router.ha.handoff import Handoff, HandoffError
 
 log = logging.getLogger("narwhal.ha.persist")
+REFRESH_S = 5.0  # a periodic write with only ``at`` and the counters changed waits at most this long
+_RIDES_ALONG = {"at": 0.0, "counters": {}, "outcome_reasons": {}}
+
+
+def same_state(a: Handoff, b: Handoff) -> bool:
+    """The two snapshots say the same apart from what rides along (``at`` and the counters)."""
+    return a.model_copy(update=_RIDES_ALONG) == b.model_copy(update=_RIDES_ALONG)
 
 
 class PersistError(RuntimeError):
@@ -118,8 +139,13 @@ class Persister:
         state_path: str | Path,
         shared: HandoffStore | None,
         on_change: Callable[[str], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.build = build
+        self.monotonic = monotonic
+        self.written: Handoff | None = None  # the last document written in full, and when
+        self.written_at = float("-inf")
+        self.skipped = 0  # periodic writes skipped (nothing but ``at`` and the counters changed)
         self.state_path = Path(state_path)
         self.shared = shared
         self.on_change = on_change  # called with the new degraded reason ("" = recovered)
@@ -138,12 +164,15 @@ class Persister:
         if self.on_change is not None:
             self.on_change(reason)
 
-    async def persist(self) -> Handoff:
-        """Make the current state durable; raises ``PersistError`` naming where and why not."""
-        async with self.lock:
-            return await self._persist_locked()
+    async def persist(self, periodic: bool = False) -> Handoff:
+        """Make the current state durable; raises ``PersistError`` naming where and why not.
 
-    async def _persist_locked(self) -> Handoff:
+        ``periodic``: the monitor's write, skipped when only ``at`` and the counters changed since
+        the last successful write less than ``REFRESH_S`` ago (the module's docstring)."""
+        async with self.lock:
+            return await self._persist_locked(periodic)
+
+    async def _persist_locked(self, periodic: bool) -> Handoff:
         try:
             doc = self.build()
         except ValueError as exc:  # our own state fails validation: nothing can be written
@@ -151,6 +180,17 @@ class Persister:
             reason = f"state not persisted: handoff invalid: {exc}"
             self._set(reason)
             raise PersistError(reason) from None
+        last = self.written
+        if (
+            periodic
+            and last is not None
+            and not self.degraded
+            and self.monotonic() - self.written_at < REFRESH_S
+            and same_state(doc, last)
+        ):
+            self.skipped += 1
+            return last
+        self.written = None  # until this write has landed in full
         if self.shared is not None:
             try:
                 await self.shared.write(doc)
@@ -172,4 +212,5 @@ class Persister:
             log.warning("%s (the shared handoff holds the state)", reason)
             return doc
         self._set("")
+        self.written, self.written_at = doc, self.monotonic()
         return doc

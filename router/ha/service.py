@@ -150,7 +150,13 @@ class HAService:
         if shared is None:
             shared = built_shared
         self.shared = shared  # where a successor finds our state (written first)
-        self.persister = Persister(self.handover.build, settings.state_path, shared, on_change=self._degraded)
+        self.persister = Persister(
+            self.handover.build,
+            settings.state_path,
+            shared,
+            on_change=self._degraded,
+            monotonic=core.clock.monotonic,
+        )
         self.monitored = False  # the monitor pass runs the periodic write (write_handoff)
         self._stopping = False
 
@@ -312,13 +318,14 @@ class HAService:
         return True
 
     async def write_handoff(self) -> None:
-        """The periodic write (monitor stage ``handoff``). A failure degrades the *control* plane
+        """The periodic write (monitor stage ``handoff``; skipped while only ``at`` and the counters
+        changed, for up to ``persist.REFRESH_S``). A failure degrades the *control* plane
         (``core.persist_degraded``: mutations refused, /ready and /metrics say why), never serving,
         so it is not raised into the monitor's health."""
         if self._stopping or not self.core.controls_fleet():
             return
         with contextlib.suppress(PersistError):
-            await self.persister.persist()
+            await self.persister.persist(periodic=True)
 
     async def _persist_loop(self) -> None:
         while True:
