@@ -27,6 +27,16 @@ def _on_disk(ha: HAService) -> dict[str, Any]:
     return doc
 
 
+def _block(state: Path) -> None:
+    state.unlink()
+    state.mkdir()  # a directory where the state file goes: every write of it fails
+
+
+def _unblock(state: Path) -> None:
+    if state.is_dir():
+        state.rmdir()
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -66,14 +76,15 @@ async def test_a_pass_after_a_state_change_writes_it_at_once(tmp_path: Path, clo
     await ha.stop()
 
 
-async def test_after_a_failed_write_every_pass_writes_until_one_lands(tmp_path: Path, clock: FakeClock) -> None:
+async def test_after_a_failed_write_every_pass_writes_until_one_lands(
+    tmp_path: Path, clock: FakeClock
+) -> None:
     c = core(clock=clock)
     ha = _service(tmp_path, c)
     await ha.start()
     await ha.write_handoff()
     state = Path(ha.settings.state_path)
-    state.unlink()
-    state.mkdir()  # a directory where the state file goes: every write of it fails
+    _block(state)
     try:
         clock.advance(0.5)
         await ha.write_handoff()
@@ -86,7 +97,7 @@ async def test_after_a_failed_write_every_pass_writes_until_one_lands(tmp_path: 
         await ha.write_handoff()  # nothing changed since, but the last write failed: tried again
         assert ha.persister.failures == failures + 1 and ha.persister.skipped == 2
     finally:
-        state.rmdir()
+        _unblock(state)
     clock.advance(0.5)
     await ha.write_handoff()  # the fault cleared: the next pass lands and says so
     assert c.persist_degraded == "" and _on_disk(ha)["ejected"] == ["e1"]
