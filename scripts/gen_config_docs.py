@@ -155,7 +155,7 @@ DESCRIPTIONS: dict[str, str] = {
     "`min_samples`, `probation_windows`, `evict_windows`, `recovery_windows`, `probation_penalty_s`, "
     "`relative_band`; other sub-keys are errors).",
     # controller
-    "controller.monitor_interval_s": "Cadence of the monitor loop (liveness, recovery, handoff writes).",
+    "controller.monitor_interval_s": "Cadence of the monitor loop (liveness, recovery, handoff writes: a pass writes the state file when it changed, and at least every 5 s while only the counters moved; docs/ha.md).",
     "controller.monitor_failure_limit": "Consecutive monitor passes with a failing stage (identity, "
     "liveness, readmission, handoff write) before the router is `monitoring degraded: <stage> "
     "<Class>` (`/ready` 503, new prefill placement refused) until a clean pass.",
